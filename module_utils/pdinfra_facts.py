@@ -1,0 +1,1 @@
+../pdinfra/facts.py

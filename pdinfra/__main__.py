@@ -1,0 +1,3 @@
+from pdinfra.cli import app
+
+app()

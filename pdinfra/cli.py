@@ -1,0 +1,259 @@
+"""pdinfra command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pdinfra import paths
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="pdinfra: provision, deploy, validate and benchmark prefill/decode-disaggregated vLLM on bare metal.",
+)
+hosts_app = typer.Typer(no_args_is_help=True, help="Local test hosts (systemd-nspawn nodes) of an inventory.")
+model_app = typer.Typer(no_args_is_help=True, help="Models pdinfra builds itself.")
+app.add_typer(hosts_app, name="hosts")
+app.add_typer(model_app, name="model")
+console = Console(stderr=True)
+
+Inv = Annotated[Path, typer.Option("--inventory", "-i", help="Ansible inventory (default: the local two-node cluster).")]
+DEFAULT_INV = paths.REPO / "inventory" / "local" / "hosts.yml"
+
+
+def _load(inv: Path):
+    from pdinfra.inventory import InventoryError, load
+
+    try:
+        return load(inv)
+    except InventoryError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _progress(msg: str) -> None:
+    console.print(f"[cyan]»[/] {msg}")
+
+
+@app.command()
+def version() -> None:
+    """Print the pdinfra version."""
+    from pdinfra import __version__
+
+    typer.echo(__version__)
+
+
+@app.command("check-config")
+def check_config(inventory: Inv = DEFAULT_INV) -> None:
+    """Validate the cluster description (no host is contacted)."""
+    from pdinfra import config
+
+    inv = _load(inventory)
+    problems = config.check(inv.hostvars, inv.group("pd_cluster"), inv.group("router"))
+    if problems:
+        console.print(config.format_problems(problems, str(inventory)))
+        raise typer.Exit(1)
+    console.print(f"[green]ok[/] {inventory}: {len(inv.group('pd_cluster'))} hosts")
+
+
+# ----------------------------------------------------------------------------- test hosts
+@hosts_app.command("create")
+def hosts_create(inventory: Inv = DEFAULT_INV) -> None:
+    """Boot the inventory's test hosts (Debian 12, systemd as PID 1, SSH) on this machine."""
+    from pdinfra import testhosts
+
+    hosts = testhosts.from_inventory(_load(inventory))
+    if not hosts:
+        console.print(f"{inventory} declares no test hosts (pdinfra_testhost: true)")
+        return
+    try:
+        testhosts.create(hosts, progress=_progress)
+    except testhosts.TestHostError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+
+
+@hosts_app.command("destroy")
+def hosts_destroy(
+    inventory: Inv = DEFAULT_INV,
+    keep_disk: Annotated[bool, typer.Option(help="Keep each host's overlay (installed venv) for a faster re-create.")] = False,
+) -> None:
+    """Stop the test hosts and remove every process, mount, namespace, veth, bridge and cgroup they used."""
+    from pdinfra import testhosts
+
+    hosts = testhosts.from_inventory(_load(inventory))
+    testhosts.destroy(hosts, progress=_progress, keep_disk=keep_disk)
+    left = testhosts.leftovers(hosts)
+    if left:
+        console.print("[red]left behind:[/] " + ", ".join(left))
+        raise typer.Exit(1)
+    console.print("[green]destroyed[/]: nothing left behind")
+
+
+@hosts_app.command("status")
+def hosts_status(inventory: Inv = DEFAULT_INV) -> None:
+    """Show which test hosts are running."""
+    from pdinfra import testhosts
+
+    table = Table("host", "address", "state", "nspawn pid")
+    for h in testhosts.from_inventory(_load(inventory)):
+        pid = testhosts.running_pid(h)
+        table.add_row(h.name, h.address, "[green]running[/]" if pid else "stopped", str(pid or "-"))
+    Console().print(table)
+
+
+# ----------------------------------------------------------------------------- deploy
+def run_playbook(inventory: Path, extra: list[str] | None = None, check: bool = False) -> int:
+    """Run site.yml with Ansible from this environment, streaming its output."""
+    from pdinfra.inventory import ansible_bin
+
+    cmd = [ansible_bin("ansible-playbook"), "-i", str(inventory), str(paths.REPO / "site.yml")]
+    if check:
+        cmd.append("--check")
+    cmd += extra or []
+    env = dict(os.environ, ANSIBLE_CONFIG=str(paths.REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="1")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    _progress(" ".join(cmd[1:]))
+    return subprocess.run(cmd, cwd=paths.REPO, env=env).returncode
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def deploy(
+    ctx: typer.Context,
+    inventory: Inv = DEFAULT_INV,
+    check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report what would change.")] = False,
+) -> None:
+    """Run site.yml against the inventory (extra arguments go to ansible-playbook)."""
+    rc = run_playbook(inventory, list(ctx.args), check)
+    raise typer.Exit(rc)
+
+
+@app.command()
+def up(
+    inventory: Inv = DEFAULT_INV,
+    destroy_first: Annotated[bool, typer.Option("--fresh", help="Destroy existing test hosts first.")] = False,
+) -> None:
+    """Everything in one go: test hosts (if the inventory has them), site.yml, smoke summary."""
+    t0 = time.monotonic()
+    check_config(inventory)
+    from pdinfra import testhosts
+
+    hosts = testhosts.from_inventory(_load(inventory))
+    if hosts:
+        if destroy_first:
+            testhosts.destroy(hosts, progress=_progress)
+        hosts_create(inventory)
+    rc = run_playbook(inventory)
+    if rc != 0:
+        console.print(f"[red]site.yml failed (exit {rc})[/]")
+        raise typer.Exit(rc)
+    smoke(inventory=inventory, json_out=False)
+    console.print(f"[green]pdinfra up: done in {time.monotonic() - t0:.0f} s[/]")
+
+
+@app.command()
+def down(inventory: Inv = DEFAULT_INV) -> None:
+    """Destroy the inventory's local test hosts."""
+    hosts_destroy(inventory, keep_disk=False)
+
+
+# ----------------------------------------------------------------------------- smoke
+@app.command()
+def smoke(
+    inventory: Inv = DEFAULT_INV,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")] = False,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per completion.")] = 16,
+) -> None:
+    """Completion + streaming completion through the router, proof of P->D KV transfer, greedy equality."""
+    from pdinfra import smoke as smoke_mod
+
+    inv = _load(inventory)
+    ep = smoke_mod.endpoints_from_hostvars(inv.hostvars, inv.group("pd_cluster"), inv.group("router"))
+    result = smoke_mod.run(ep, max_tokens=max_tokens)
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        table = Table(title=f"pdinfra smoke: router {ep.router}", show_lines=False)
+        table.add_column("proof")
+        table.add_column("verdict")
+        table.add_column("evidence", overflow="fold")
+        for p in result.proofs:
+            table.add_row(p.name, "[green]PASS[/]" if p.ok else "[red]FAIL[/]", p.evidence)
+        Console(width=160).print(table)
+        timing = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
+        Console(width=160).print(f"prefill {', '.join(ep.prefill)} -> decode {', '.join(ep.decode)}; {timing}")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+# ----------------------------------------------------------------------------- controller helpers used by roles
+@app.command()
+def wheelhouse(
+    python_version: Annotated[str, typer.Option(help="The nodes' Python, e.g. 3.11.")],
+    glibc: Annotated[str, typer.Option(help="The nodes' glibc, e.g. 2.36.")],
+    package: Annotated[list[str], typer.Option(help="A requirement to download (repeat).")],
+    arch: Annotated[str, typer.Option(help="The nodes' architecture.")] = "x86_64",
+    profile: Annotated[str, typer.Option(help="cpu or gpu (informational).")] = "cpu",
+    extra_index_url: Annotated[list[str] | None, typer.Option(help="Extra package index (repeat).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print paths as JSON (for the pd_runtime role).")] = False,
+) -> None:
+    """Download every wheel the nodes need for their Python/glibc, and pack pdinfra's source (cached)."""
+    from pdinfra import wheelhouse as wh
+
+    try:
+        tarball, built = wh.build(package, python_version, glibc, arch, extra_index_url or [])
+    except wh.WheelhouseError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    src = wh.pdinfra_source()
+    info = {
+        "built": built,
+        "profile": profile,
+        "wheelhouse": str(tarball),
+        "wheelhouse_id": wh.digest(tarball),
+        "wheelhouse_mb": round(tarball.stat().st_size / 1e6),
+        "pdinfra_src": str(src),
+        "pdinfra_src_id": wh.digest(src).replace("src-", ""),
+    }
+    typer.echo(json.dumps(info) if json_out else "\n".join(f"{k}: {v}" for k, v in info.items()))
+
+
+@model_app.command("tiny")
+def model_tiny(
+    print_path: Annotated[bool, typer.Option("--print-path", help="Print only the directory.")] = False,
+) -> None:
+    """Build the tiny Llama-shaped test model (config + locally trained tokenizer) on this machine."""
+    from pdinfra import tinymodel
+
+    path = tinymodel.ensure()
+    typer.echo(str(path) if print_path else f"{tinymodel.NAME}: {path}")
+
+
+def _register_optional() -> None:
+    """Commands whose modules live beside this one (facts/validate, transfer)."""
+    try:
+        from pdinfra.cli_host import facts_cmd, validate_cmd
+
+        app.command("facts")(facts_cmd)
+        app.command("validate")(validate_cmd)
+    except ImportError:
+        pass
+    try:
+        from pdinfra.cli_transfer import transfer_cmd
+
+        app.command("transfer")(transfer_cmd)
+    except ImportError:
+        pass
+
+
+_register_optional()

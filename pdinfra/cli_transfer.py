@@ -1,0 +1,159 @@
+"""``pdinfra transfer``: the two-process NIXL benchmark as a command (registered by pdinfra.cli)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pdinfra import transfer as T
+
+
+def _csv(text: str | None) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def _batches(text: str | None) -> tuple[tuple[int, int], ...] | None:
+    if text is None:
+        return None
+    if text.strip().lower() in ("", "none", "0"):
+        return ()
+    out = []
+    for item in _csv(text):
+        count, _, size = item.lower().partition("x")
+        out.append((int(count), T.parse_size(size)))
+    return tuple(out)
+
+
+def _ucx_envs(values: list[str] | None) -> tuple[dict[str, str], ...]:
+    """Each --ucx-env is one variant: 'KEY=VAL;KEY2=VAL2' ('default' or '' = UCX's own choice)."""
+    if not values:
+        return ({},)
+    envs = []
+    for value in values:
+        env: dict[str, str] = {}
+        for item in value.split(";"):
+            if item.strip() and item.strip() != "default":
+                key, _, val = item.partition("=")
+                env[key.strip()] = val.strip()
+        envs.append(env)
+    return tuple(envs)
+
+
+def render_table(results: list[T.CaseResult]):
+    from rich.table import Table
+
+    table = Table(title="NIXL transfers (GB/s = 1e9 bytes/s per request)")
+    for col in ("case", "pair", "GB/s", "latency", "descs", "transport", "eff vs link", "eff vs copy", "verdict"):
+        table.add_column(col, justify="right" if col in ("GB/s", "latency", "descs") else "left")
+    styles = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+    for r in results:
+        pair = f"{r.target}->{r.initiator}" + (f" t{r.num_threads}" if r.num_threads else "")
+        verdict = r.verdict + (f": {r.reason}" if r.reason else "")
+        table.add_row(
+            r.case,
+            pair,
+            "-" if r.gbps is None else f"{r.gbps:.2f}",
+            T.fmt_latency(r.latency_s),
+            str(r.descs),
+            r.transport or "?",
+            T.fmt_eff(r.eff_link),
+            T.fmt_eff(r.eff_copy),
+            f"[{styles.get(r.verdict, '')}]{verdict}[/]" if r.verdict in styles else verdict,
+        )
+    return table
+
+
+def transfer_cmd(
+    mode: Annotated[str, typer.Option(help="READ (vLLM's pull), WRITE or both")] = "both",
+    sizes: Annotated[
+        str | None, typer.Option(help="single-descriptor sizes, e.g. 64KiB,1MiB,1GiB (default by host)")
+    ] = None,
+    batches: Annotated[
+        str | None, typer.Option(help="many-descriptor batches COUNTxSIZE, e.g. 4096x16KiB; 'none' for none")
+    ] = None,
+    layouts: Annotated[str | None, typer.Option(help="contig and/or scatter descriptor layouts")] = None,
+    model_shape: Annotated[
+        str | None, typer.Option("--model-shape", help="KV preset: gpt-oss-120b, llama-3.1-8b, llama-3.1-70b, tiny")
+    ] = None,
+    prompt_tokens: Annotated[int | None, typer.Option(help="prompt length of the KV-shaped cases")] = None,
+    block_size: Annotated[str, typer.Option(help="KV block size(s), e.g. 16,64")] = "16",
+    tp: Annotated[int, typer.Option(help="tensor-parallel size the KV cache is split over")] = 1,
+    gpus: Annotated[str | None, typer.Option(help="GPU indices to use, e.g. 0,1 (default all)")] = None,
+    link_gbps: Annotated[
+        float | None, typer.Option(help="GPU-GPU link limit in GB/s (NVLink links x per-link rate)")
+    ] = None,
+    pcie_gbps: Annotated[float | None, typer.Option(help="host-GPU limit in GB/s (PCIe gen x width)")] = None,
+    threads: Annotated[str, typer.Option(help="NIXL UCX backend num_threads values, e.g. 0,8")] = "0",
+    ucx_env: Annotated[
+        list[str] | None, typer.Option(help="UCX variant 'KEY=VAL;KEY=VAL' (repeatable)")
+    ] = None,
+    iters: Annotated[int | None, typer.Option(help="measured iterations per case (default 20 GPU, 5 CPU)")] = None,
+    cap: Annotated[float, typer.Option(help="wall-clock cap per case, seconds")] = 10.0,
+    prog_thread: Annotated[
+        bool, typer.Option(help="use NIXL's busy-polling progress thread (off by default)")
+    ] = False,
+    host_gpu: Annotated[bool, typer.Option(help="also run the DRAM<->VRAM session on GPU hosts")] = True,
+    kv_plain: Annotated[bool, typer.Option(help="also run KV-shaped cases through the plain path")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the JSON report instead of a table")] = False,
+    output: Annotated[Path | None, typer.Option(help="write the JSON report to this file")] = None,
+    log_dir: Annotated[
+        Path | None, typer.Option(help="keep each process's NIXL/UCX output (UCX_PROTO_INFO tables) here")
+    ] = None,
+) -> None:
+    """Measure NIXL READ/WRITE between two processes and judge the transport UCX picked."""
+    ops = ("READ", "WRITE") if mode.lower() == "both" else (mode.upper(),)
+    if any(op not in ("READ", "WRITE") for op in ops):
+        raise typer.BadParameter("mode must be READ, WRITE or both")
+    cfg = T.BenchConfig(
+        ops=ops,
+        sizes=tuple(T.parse_size(s) for s in _csv(sizes)) or None,
+        batches=_batches(batches),
+        layouts=tuple(_csv(layouts)) or None,
+        model_shape=model_shape,
+        prompt_tokens=prompt_tokens,
+        block_sizes=tuple(int(b) for b in _csv(block_size)),
+        tp=tp,
+        kv_plain=kv_plain,
+        gpus=[int(g) for g in _csv(gpus)] if gpus is not None else None,
+        num_threads=tuple(int(t) for t in _csv(threads)),
+        ucx_envs=_ucx_envs(ucx_env),
+        link_gbps=link_gbps,
+        pcie_gbps=pcie_gbps,
+        iters=iters,
+        case_cap_s=cap,
+        prog_thread=prog_thread,
+        host_gpu=host_gpu,
+        log_dir=str(log_dir) if log_dir else None,
+    )
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    try:
+        report = T.run_benchmark(cfg, progress=lambda m: err.print(f"[dim]{m}[/]"))
+    except T.NixlMissingError as exc:
+        err.print(f"[bold red]{exc}[/]")
+        raise typer.Exit(2) from exc
+    results = [T.CaseResult.from_dict(r) for r in report["results"]]
+    if output:
+        output.write_text(json.dumps(report, indent=1) + "\n")
+    if json_out:
+        typer.echo(json.dumps(report, indent=1))
+    else:
+        Console().print(render_table(results))
+        for s in report["sessions"]:
+            copy = s.get("copy", {})
+            line = f"{s['label']}: copy reference {copy.get('kind', '?')}"
+            if "READ" in copy:
+                line += f" READ-direction {copy['READ']:.1f} GB/s, WRITE-direction {copy['WRITE']:.1f} GB/s"
+            if s.get("error"):
+                line += f"; error: {s['error']}"
+            err.print(line)
+        for r in results:
+            if r.verdict == "fail" and r.remedy:
+                err.print(f"[red]{r.case} ({r.session}):[/] {r.remedy}")
+                break
+    if T.any_fail(results):
+        raise typer.Exit(1)

@@ -1,0 +1,71 @@
+"""Read an Ansible inventory the way Ansible resolves it (``ansible-inventory --list``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pdinfra import paths
+
+DEFAULT = paths.REPO / "inventory" / "local" / "hosts.yml"
+
+
+class InventoryError(RuntimeError):
+    pass
+
+
+@dataclass
+class Inventory:
+    source: Path
+    hostvars: dict[str, dict[str, Any]]
+    groups: dict[str, list[str]]
+
+    def group(self, name: str) -> list[str]:
+        return self.groups.get(name, [])
+
+
+def ansible_bin(name: str) -> str:
+    """An Ansible command from the same environment as this Python, else from PATH."""
+    local = Path(sys.executable).with_name(name)
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise InventoryError(f"{name} not found: install the controller extras (pip install 'pdinfra[controller]')")
+    return found
+
+
+def load(source: Path | str = DEFAULT) -> Inventory:
+    src = Path(source)
+    if not src.exists():
+        raise InventoryError(f"inventory {src} does not exist")
+    res = subprocess.run(
+        [ansible_bin("ansible-inventory"), "-i", str(src), "--list"], capture_output=True, text=True, cwd=paths.REPO
+    )
+    if res.returncode != 0:
+        raise InventoryError(f"ansible-inventory could not read {src}:\n{res.stderr.strip()}")
+    data = json.loads(res.stdout)
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    groups: dict[str, list[str]] = {}
+
+    def hosts_of(group: str, seen: set[str]) -> list[str]:
+        if group in seen:
+            return []
+        seen.add(group)
+        entry = data.get(group, {})
+        out = list(entry.get("hosts", []))
+        for child in entry.get("children", []):
+            out += hosts_of(child, seen)
+        return out
+
+    for g in data:
+        if g != "_meta":
+            groups[g] = sorted(set(hosts_of(g, set())))
+    for h in hostvars:
+        hostvars[h].setdefault("inventory_hostname", h)
+    return Inventory(source=src, hostvars=hostvars, groups=groups)
