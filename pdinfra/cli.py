@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from pdinfra import paths
+from pdinfra.cli_host import facts_cmd, validate_cmd
+from pdinfra.cli_transfer import transfer_cmd
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -239,21 +241,6 @@ def model_tiny(
     typer.echo(str(path) if print_path else f"{tinymodel.NAME}: {path}")
 
 
-def _register_optional() -> None:
-    """Commands whose modules live beside this one (facts/validate, transfer)."""
-    try:
-        from pdinfra.cli_host import facts_cmd, validate_cmd
-
-        app.command("facts")(facts_cmd)
-        app.command("validate")(validate_cmd)
-    except ImportError:
-        pass
-    try:
-        from pdinfra.cli_transfer import transfer_cmd
-
-        app.command("transfer")(transfer_cmd)
-    except ImportError:
-        pass
-
-
-_register_optional()
+app.command("facts")(facts_cmd)
+app.command("validate")(validate_cmd)
+app.command("transfer")(transfer_cmd)

@@ -105,6 +105,11 @@ def check(hostvars: dict[str, dict[str, Any]], cluster_hosts: list[str], router_
     profile = str(_cluster_value(hostvars, cluster_hosts, "pdinfra_profile", "gpu"))
     if profile not in PROFILES:
         problems.append(Problem("pdinfra_profile", f"must be one of {', '.join(PROFILES)}, not {profile!r}"))
+    block = _int(_cluster_value(hostvars, cluster_hosts, "pdinfra_block_size", 16))
+    if profile == "cpu" and block is not None and block % 32:
+        problems.append(
+            Problem("pdinfra_block_size", f"{block}: vLLM's CPU attention backend needs a multiple of 32 on cpu hosts")
+        )
 
     problems += _check_model(hostvars, cluster_hosts)
     instances, inst_problems = _instances(hostvars, cluster_hosts)
@@ -120,6 +125,16 @@ def check(hostvars: dict[str, dict[str, Any]], cluster_hosts: list[str], router_
             problems.append(Problem("pdinfra_instances", f"the cluster has no {role} instance"))
     if not router_hosts:
         problems.append(Problem("router", "the inventory has no host in group 'router'"))
+    api_key = _cluster_value(hostvars, cluster_hosts, "pdinfra_api_key", "")
+    if api_key and router_hosts:
+        problems.append(
+            Problem(
+                "pdinfra_api_key",
+                "vllm-router 0.1.17 in PD mode does not send an API key to the instances (they answer its "
+                "/v1/completions with 401), so instances behind the router cannot require one; leave it empty and "
+                "keep the instance ports on the cluster network",
+            )
+        )
     return problems
 
 
@@ -213,6 +228,8 @@ def _check_addresses(hostvars: dict[str, dict[str, Any]], hosts: list[str]) -> l
             problems.append(Problem("pdinfra_address", "is required (the node's serving address, e.g. 198.18.0.11/24)", h))
             continue
         try:
+            if "/" not in str(addr):
+                raise ValueError(addr)
             iface = ipaddress.ip_interface(str(addr))
         except ValueError:
             problems.append(Problem("pdinfra_address", f"{addr!r} is not an address with prefix length", h))

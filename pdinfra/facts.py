@@ -12,6 +12,7 @@ HTTP health probes from ``<root>/pdinfra-health.json``. The schema is documented
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import gzip
 import json
@@ -331,7 +332,7 @@ def _fabric(pynvml: Any, handle: Any) -> dict[str, Any] | None:
             continue
         info = struct()
         try:
-            fn(handle, info)
+            fn(handle, ctypes.byref(info))  # pynvml passes the argument through to C as is
         except Exception as exc:
             last = _err(exc)
             if "NotSupported" in type(exc).__name__ or "Not Supported" in str(exc):
@@ -443,9 +444,7 @@ def gpus_live() -> dict[str, Any]:
             for b in range(a + 1, count):
                 entry: dict[str, Any] = {"a": a, "b": b}
                 for key, cap in P2P_CAPS:
-                    status = _nvml_call(
-                        pynvml.nvmlDeviceGetP2PStatus, handles[a], handles[b], getattr(pynvml, cap)
-                    )
+                    status = _nvml_call(pynvml.nvmlDeviceGetP2PStatus, handles[a], handles[b], getattr(pynvml, cap))
                     entry[key] = None if status is None else P2P_STATUS.get(int(status), str(status))
                 p2p.append(entry)
     except Exception as exc:
@@ -623,9 +622,7 @@ def rdma(host: Host) -> dict[str, Any]:
     devices = []
     for name in names:
         base = f"sys/class/infiniband/{name}"
-        uevent = dict(
-            ln.split("=", 1) for ln in (host.read(f"{base}/device/uevent") or "").splitlines() if "=" in ln
-        )
+        uevent = dict(ln.split("=", 1) for ln in (host.read(f"{base}/device/uevent") or "").splitlines() if "=" in ln)
         pci = uevent.get("PCI_SLOT_NAME")
         if pci is None:
             try:

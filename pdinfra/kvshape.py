@@ -164,7 +164,9 @@ class KVBudget:
     bytes_total: int
     measured_gbps: float
     per_request_latency_s: float
+    per_descriptor_s: float
     transfer_s: float
+    descriptor_s: float
     added_ttft_s: float
 
 
@@ -177,11 +179,14 @@ def kv_budget(
     tp: int = 1,
     cross_layer: bool = False,
     swa_trim: bool = False,
+    per_descriptor_s: float = 0.0,
 ) -> KVBudget:
     """Bytes moved for one prompt and the TTFT the transfer adds.
 
     Ranks move their shares in parallel over their own links, so the added time is the fixed per-request
-    latency plus one rank's bytes at ``measured_gbps`` (GB/s, 1e9 bytes).
+    latency, plus one rank's bytes at ``measured_gbps`` (GB/s, 1e9 bytes), plus ``per_descriptor_s`` for each
+    descriptor NIXL cannot merge (blocks not adjacent on both sides; about 3.8 us each over cuda_ipc on H200,
+    see docs/transfer.md). Pass 0 for a request whose blocks are adjacent.
     """
     if isinstance(shape, str):
         shape = get_shape(shape)
@@ -189,20 +194,22 @@ def kv_budget(
         raise ValueError("measured_gbps must be > 0")
     per_rank = request_bytes(shape, prompt_tokens, block_size, tp, swa_trim)
     transfer_s = per_rank / (measured_gbps * 1e9)
+    descs = descriptors_per_request(shape, prompt_tokens, block_size, tp, cross_layer, swa_trim)
+    descriptor_s = descs * per_descriptor_s
     return KVBudget(
         shape=shape.name,
         prompt_tokens=prompt_tokens,
         block_size=block_size,
         tp=tp,
         blocks=blocks_for_prompt(prompt_tokens, block_size),
-        descriptors_per_rank=descriptors_per_request(
-            shape, prompt_tokens, block_size, tp, cross_layer, swa_trim
-        ),
+        descriptors_per_rank=descs,
         descriptor_bytes=block_len(shape, block_size, tp) * (2 * shape.num_layers if cross_layer else 1),
         bytes_per_rank=per_rank,
         bytes_total=per_rank * tp,
         measured_gbps=measured_gbps,
         per_request_latency_s=per_request_latency_s,
+        per_descriptor_s=per_descriptor_s,
         transfer_s=transfer_s,
-        added_ttft_s=per_request_latency_s + transfer_s,
+        descriptor_s=descriptor_s,
+        added_ttft_s=per_request_latency_s + transfer_s + descriptor_s,
     )

@@ -33,7 +33,7 @@ SUITE = "bookworm"
 MIRROR = os.environ.get("PDINFRA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # What a node needs before Ansible can manage it and vLLM's CPU build can run in it.
 BASE_PACKAGES = (
-    "systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,libnuma1,openssh-server,"
+    "systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,python3-packaging,libnuma1,openssh-server,"
     "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less"
 )
 BRIDGE = "pdbr0"

@@ -243,6 +243,8 @@ def plan_sessions(
             for ini, tgt, cs in pairs:
                 env_label = ",".join(f"{k}={v}" for k, v in sorted(env.items()))
                 label = f"{tgt.label}->{ini.label} thr{nt}" + (f" {env_label}" if env_label else "")
+                if session_kw.get("prog_thread"):
+                    label += " progthread"
                 sessions.append(
                     SessionSpec(label, ini, tgt, list(cs), num_threads=nt, ucx_env=dict(env), **session_kw)
                 )
@@ -255,8 +257,9 @@ def plan_sessions(
 
 _PREFIX = re.compile(r"^\[[\d.]+\]\s+\[[^\]]*\]\s+")
 _LANE = re.compile(r"\b([a-z][a-z0-9_]*)/([A-Za-z0-9_.:\-]+)")
-_PUT = re.compile(r"remote memory write by ucp_put\S*\s+from (\w+) memory to (\w+)")
-_GET = re.compile(r"remote memory read by ucp_get\S*\s+into (\w+) memory from (\w+)")
+# Titles read "... from host memory to host", "... into cuda/GPU1 from cuda/dev[2]" (UCX 1.2x).
+_PUT = re.compile(r"remote memory write by ucp_put\S*\s+from (\S+)(?: memory)? to (\S+)")
+_GET = re.compile(r"remote memory read by ucp_get\S*\s+into (\S+)(?: memory)? from (\S+)")
 
 
 @dataclass
@@ -297,7 +300,7 @@ class ProtoTable:
     @property
     def mems(self) -> tuple[str, str] | None:
         m = _PUT.search(self.title) or _GET.search(self.title)
-        return (m.group(1), m.group(2)) if m else None
+        return (m.group(1).split("/")[0], m.group(2).split("/")[0]) if m else None
 
 
 def _parse_range(text: str) -> tuple[int, int | None] | None:
@@ -346,12 +349,11 @@ def select_transports(
 ) -> list[str]:
     """Transports UCX chose for ``op`` between two memory types ("host"/"cuda"), in order of appearance.
 
-    Loopback ("self") endpoint tables are ignored. Rows are narrowed to the ones covering ``size`` when one
-    does; tables of the operation with other memory types are used only when none matches exactly.
+    Loopback ("self") endpoint tables are ignored, and so are tables for other memory types: a case whose
+    table is missing reports no transport rather than a neighbour's. Rows are narrowed to the ones covering
+    ``size`` when one does.
     """
-    relevant = [t for t in tables if not t.is_self and t.op == op]
-    exact = [t for t in relevant if t.mems == (local_mem, remote_mem)]
-    chosen = exact or relevant
+    chosen = [t for t in tables if not t.is_self and t.op == op and t.mems == (local_mem, remote_mem)]
     out: list[str] = []
     for table in chosen:
         rows = table.rows
@@ -390,6 +392,7 @@ class CaseResult:
     make_s: float | None = None
     setup_s: float | None = None
     xfer_gbps: float | None = None
+    desc_us: float | None = None
     transport: str = ""
     transport_rows: list[str] = field(default_factory=list)
     copy_gbps: float | None = None
@@ -437,6 +440,8 @@ def tcp_remedy(module_dir: str | None = None) -> str:
 
 LARGE_XFER = 256 * MIB
 MIN_LINK_EFF = 0.5
+DESC_BOUND_MIN = 64
+DESC_BOUND_EFF = 0.1
 
 
 def judge(res: CaseResult, gpu_host: bool, module_dir: str | None = None) -> tuple[str, str, str]:
@@ -463,6 +468,14 @@ def judge(res: CaseResult, gpu_host: bool, module_dir: str | None = None) -> tup
             "(GPUDirect); this is not PCIe bandwidth",
             "serve KV from GPU memory on both sides (kv_buffer_device=cuda) or from host memory on both sides",
         )
+    if res.descs >= DESC_BOUND_MIN and res.eff_copy is not None and res.eff_copy < DESC_BOUND_EFF:
+        per_desc = f"{res.desc_us:.1f} us per descriptor" if res.desc_us else "per-descriptor cost"
+        return (
+            "warn",
+            f"descriptor-bound: {per_desc}, {res.eff_copy:.0%} of a plain copy",
+            "NIXL merges only descriptors adjacent on both sides: use larger KV blocks (--block-size 64/128), "
+            "more UCX backend threads (num_threads), and budget TTFT with kvshape.kv_budget",
+        )
     if (
         res.link_gbps
         and res.eff_link is not None
@@ -487,6 +500,8 @@ def finish_result(
     if res.gbps is not None:
         res.eff_copy = res.gbps / copy_gbps if copy_gbps else None
         res.eff_link = res.gbps / link_gbps if link_gbps else None
+    if res.latency_s is not None and res.descs:
+        res.desc_us = res.latency_s / res.descs * 1e6
     res.verdict, res.reason, res.remedy = judge(res, gpu_host, module_dir)
     return res
 
@@ -634,8 +649,14 @@ def _target_main(conn, log_path: str, env: dict[str, str], ep: Endpoint, span: i
                     time.sleep(cfg["poll_s"])
             got = None if is_source or not seen else buf.checksum(slots, desc_bytes)
             conn.send(("done", seen, got))
-    except Exception:
-        conn.send(("error", traceback.format_exc(limit=4)))
+    except Exception as exc:
+        conn.send(("error", _short_error(exc)))
+
+
+def _short_error(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def _copy_reference(ini: Endpoint, tgt: Endpoint, nbytes: int) -> dict[str, Any]:
@@ -805,8 +826,8 @@ def _initiator_main(conn, log_path: str, env: dict[str, str], ep: Endpoint, span
                 with contextlib.suppress(Exception):
                     agent.send_notif(remote, tag)
                 conn.send(("case_error", f"{type(exc).__name__}: {exc}"))
-    except Exception:
-        conn.send(("error", traceback.format_exc(limit=4)))
+    except Exception as exc:
+        conn.send(("error", _short_error(exc)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -871,6 +892,16 @@ class SessionReport:
     error: str = ""
     wall_s: float = 0.0
     initiator_log_tail: str = ""
+
+
+def _native_errors(path: Path) -> str:
+    """The last error NIXL's C++ side logged (glog lines "E<date> ... file.cpp:N] message")."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errs = [re.sub(r"^E\d{4} [\d:.]+\s+\d+\s+", "", ln) for ln in lines if re.match(r"^E\d{4} ", ln)]
+    return errs[0] if errs else ""
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -985,9 +1016,12 @@ def run_session(
                 _recv(conn, proc, 30.0, who)
     except (RuntimeError, TimeoutError, EOFError, OSError) as exc:
         report.error = str(exc)
+        native = _native_errors(ini_log) or _native_errors(tgt_log)
+        if native:
+            report.error += f" [{native}]"
         for case in pending:
             res = blank(case)
-            res.error = f"not run: {exc}" if case is not pending[0] else str(exc)
+            res.error = report.error if case is pending[0] else "not run: the session failed earlier"
             results.append(res)
     finally:
         for proc in (iproc, tproc):
@@ -1056,7 +1090,7 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict[str, Any]:
     ok, why = nixl_available()
     if not ok:
         raise NixlMissingError(why)
-    n_gpu = gpu_count()
+    n_gpu = gpu_count() if cfg.gpus != [] else 0
     gpu_ids = [g for g in (cfg.gpus if cfg.gpus is not None else list(range(n_gpu))) if g < n_gpu]
     gpu_host = bool(gpu_ids)
     shape = kvshape.get_shape(cfg.model_shape or ("gpt-oss-120b" if gpu_host else "tiny"))
@@ -1130,6 +1164,13 @@ def load_results(path: str | Path) -> tuple[dict[str, Any], list[CaseResult]]:
     """Read a report written by ``run_benchmark`` (or the CLI's --output)."""
     data = json.loads(Path(path).read_text())
     return data, [CaseResult.from_dict(r) for r in data.get("results", [])]
+
+
+def regrade(results: list[CaseResult], gpu_host: bool, module_dir: str | None = None) -> list[CaseResult]:
+    """Recompute efficiencies and verdicts of stored results with the current rules."""
+    for res in results:
+        finish_result(res, res.copy_gbps, res.link_gbps, gpu_host, module_dir)
+    return results
 
 
 def any_fail(results: list[CaseResult]) -> bool:

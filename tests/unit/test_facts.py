@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import ctypes
 import json
 import os
 import sys
@@ -195,14 +196,15 @@ def test_secure_boot_enabled_and_proc_config_gz(tmp_path: Path) -> None:
 
 
 def test_parsers() -> None:
-    assert F.parse_nvidia_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12")[
-        "flavour"
-    ] == "proprietary"
+    assert (
+        F.parse_nvidia_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12")["flavour"]
+        == "proprietary"
+    )
     assert F.gid_ipv4("0000:0000:0000:0000:0000:ffff:c612:070b") == "198.18.7.11"
     assert F.gid_ipv4("fe80:0000:0000:0000:ba3f:d2ff:fec4:a010") is None
     assert F.normalise_bdf("00000000:9A:00.0") == "0000:9a:00.0"
     assert F.command_file_name(["ucx_info", "-d"]) == "ucx_info_-d.txt"
-    cfg = F.parse_kernel_config("# CONFIG_PCI_P2PDMA is not set\nCONFIG_LOCALVERSION=\"-x\"\n")
+    cfg = F.parse_kernel_config('# CONFIG_PCI_P2PDMA is not set\nCONFIG_LOCALVERSION="-x"\n')
     assert cfg == {"CONFIG_PCI_P2PDMA": "n", "CONFIG_LOCALVERSION": "-x"}
     ucx = F.parse_ucx_info("#      Transport: tcp\n#         Device: eth0\n#      Transport: self\n")
     assert ucx == {"tcp": ["eth0"], "self": []}
@@ -243,10 +245,11 @@ def _fake_pynvml() -> types.ModuleType:
     m.NVML_P2P_CAPS_INDEX_NVLINK = 2
     m.NVML_P2P_CAPS_INDEX_READ = 0
 
-    class FabricInfo:
-        state = status = cliqueId = 0
+    class FabricInfo(ctypes.Structure):
+        _fields_ = [("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint), ("state", ctypes.c_uint)]
 
-    def fabric_v(handle: int, info: FabricInfo) -> int:
+    def fabric_v(handle: int, ref: object) -> int:
+        info = ref._obj  # type: ignore[attr-defined]  # a ctypes byref() of the struct
         info.state, info.status, info.cliqueId = 3, 0, 7
         return 0
 

@@ -99,11 +99,23 @@ def ucx_gpu_nic_map(gpus: list, nics: list, default_port: int = 1) -> list[dict]
     """Map each GPU to its closest NIC, spreading GPUs evenly over equally close NICs.
 
     Greedy in GPU index order: candidates are ranked by (distance, GPUs already assigned
-    to the NIC, NIC list order). Returns one dict per GPU, sorted by GPU index.
+    to the NIC, NIC list order). Returns one dict per GPU, sorted by GPU index; without
+    NICs every entry has ``nic: None``.
     """
     _check_devices(gpus, nics)
     if not nics:
-        return []
+        return [
+            {
+                "gpu": int(g["index"]),
+                "gpu_pci": g.get("pci", ""),
+                "nic": None,
+                "netdev": "",
+                "port": int(default_port),
+                "distance": "",
+                "score": None,
+            }
+            for g in sorted(gpus, key=lambda g: int(g["index"]))
+        ]
     load = {nic["rdma_dev"]: 0 for nic in nics}
     result = []
     for gpu in sorted(gpus, key=lambda g: int(g["index"])):
@@ -147,12 +159,20 @@ def ucx_parse_topology(lines: list, rdma_devs: list | None = None) -> dict:
     for raw in lines or []:
         fields = str(raw).rstrip("\n").split("\t")
         if fields[0] == "gpu" and len(fields) >= 4:
-            gpus.append({"pci": fields[1].lower(), "numa_node": _int_or_none(fields[2]),
-                         "pcie_path": ucx_pcie_path(fields[3])})
+            gpus.append(
+                {"pci": fields[1].lower(), "numa_node": _int_or_none(fields[2]), "pcie_path": ucx_pcie_path(fields[3])}
+            )
         elif fields[0] == "nic" and len(fields) >= 5:
-            nics.append({"rdma_dev": fields[1], "pci": fields[2].lower(),
-                         "numa_node": _int_or_none(fields[3]), "pcie_path": ucx_pcie_path(fields[4]),
-                         "netdev": fields[5] if len(fields) > 5 else "", "port": 1})
+            nics.append(
+                {
+                    "rdma_dev": fields[1],
+                    "pci": fields[2].lower(),
+                    "numa_node": _int_or_none(fields[3]),
+                    "pcie_path": ucx_pcie_path(fields[4]),
+                    "netdev": fields[5] if len(fields) > 5 else "",
+                    "port": 1,
+                }
+            )
     gpus.sort(key=lambda g: g["pci"])
     for idx, gpu in enumerate(gpus):
         gpu["index"] = idx

@@ -1,0 +1,277 @@
+"""The NIXL benchmark: UCX_PROTO_INFO parsing, verdicts, recorded H200 output, and a real two-process run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdinfra import kvshape
+from pdinfra import transfer as T
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "transfer"
+HAVE_NIXL, WHY_NOT = T.nixl_available()
+needs_nixl = pytest.mark.skipif(not HAVE_NIXL, reason=WHY_NOT)
+
+
+def _h200_logs() -> dict[str, str]:
+    text = (FIXTURES / "h200x2-ucx-initiator-logs.txt").read_text()
+    out = {}
+    for part in text.split("=== ")[1:]:
+        name, body = part.split("\n", 1)
+        out[Path(name).name.replace(".initiator.log", "")] = body
+    return out
+
+
+# ----------------------------------------------------------------------------- parsing recorded output
+
+
+def test_parse_cpu_tcp_log():
+    tables = T.parse_proto_info((FIXTURES / "cpu-dram-tcp.initiator.log").read_text())
+    assert tables and all(t.rows for t in tables)
+    assert T.select_transports(tables, "READ", "host", "host", 16384) == ["tcp"]
+    assert T.select_transports(tables, "WRITE", "host", "host", 1 << 20) == ["tcp"]
+    get = [t for t in tables if t.op == "READ" and not t.is_self]
+    assert get[0].rows[0].description == "software emulation"
+    # a two-lane row: "52% on tcp/lo and 48% on tcp/eth0"
+    assert any(len(r.config.split(" and ")) == 2 for t in tables for r in t.rows)
+
+
+def test_parse_h200_logs():
+    logs = _h200_logs()
+    vv = T.parse_proto_info(logs["VRAM0-_VRAM1_thr0"])
+    assert T.select_transports(vv, "READ", "cuda", "cuda", 16384) == ["cuda_ipc"]
+    assert T.select_transports(vv, "WRITE", "cuda", "cuda", 1 << 30) == ["cuda_ipc"]
+    # the loopback ("self") endpoint's cuda_copy tables never count
+    assert any(t.is_self and "cuda_copy" in r.config for t in vv for r in t.rows)
+    assert "cuda_copy" not in T.select_transports(vv, "WRITE", "host", "host")
+    hv = T.parse_proto_info(logs["DRAM-_VRAM0_thr0"])
+    assert T.select_transports(hv, "READ", "cuda", "host", 65536) == ["tcp"]
+    assert T.select_transports(hv, "WRITE", "cuda", "host", 65536) == ["tcp"]
+    assert T.select_transports(hv, "READ", "cuda", "cuda") == []  # no table for that pair: no guess
+    copy_only = T.parse_proto_info(logs["VRAM0-_VRAM1_thr0_UCX_TLS_cuda_copy_tcp_sm_self"])
+    assert T.select_transports(copy_only, "READ", "cuda", "cuda", 1 << 20) == ["tcp"]
+    assert T.parse_proto_info(logs["VRAM0-_VRAM1_thr0_UCX_TLS_tcp_sm_self"]) == []
+
+
+def test_native_error_line(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text(_h200_logs()["VRAM0-_VRAM1_thr0_UCX_TLS_tcp_sm_self"])
+    msg = T._native_errors(log)
+    assert msg.startswith("config.cpp:84] Invalid UCX_TLS=tcp,sm,self") and "cuda_copy" in msg
+
+
+RDMA_SAMPLE = """\
+[1.1] [node:7:0]   +-------------+----------------------+---------------------------------------------+
+[1.1] [node:7:0]   | dec inter-node cfg#3                                                             |
+[1.1] [node:7:0]   | remote memory read by ucp_get*(multi) into cuda/GPU0 from cuda/dev[1]            |
+[1.1] [node:7:0]   +-------------+----------------------+---------------------------------------------+
+[1.1] [node:7:0]   |   Range     |    Description       |                   Config                    |
+[1.1] [node:7:0]   +-------------+----------------------+---------------------------------------------+
+[1.1] [node:7:0]   |     0..8192 | zero-copy            | rc_mlx5/mlx5_0:1                            |
+[1.1] [node:7:0]   | 8193..inf   | multi-frag zero-copy | 50% on rc_mlx5/mlx5_0:1 and 50% on rc_mlx5/mlx5_3:1 |
+[1.1] [node:7:0]   +-------------+----------------------+---------------------------------------------+
+some other line
+"""
+
+
+def test_parse_rdma_sample_and_size_ranges():
+    (table,) = T.parse_proto_info(RDMA_SAMPLE)
+    assert table.op == "READ" and table.mems == ("cuda", "cuda") and not table.is_self
+    assert table.rows[1].hi is None and table.rows[0].covers(8192) and not table.rows[0].covers(8193)
+    assert table.rows[1].transports == ["rc_mlx5", "rc_mlx5"]
+    assert T.select_transports([table], "READ", "cuda", "cuda", 4096) == ["rc_mlx5"]
+    assert T.select_transports([table], "WRITE", "cuda", "cuda") == []
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+def _res(**kw) -> T.CaseResult:
+    base = dict(
+        case="c", session="s", op="READ", mode="prepped", layout="single", initiator="VRAM1", target="VRAM0",
+        pair="gpu-gpu", num_threads=0, desc_bytes=1 << 30, descs=1, bytes_per_xfer=1 << 30,
+        gbps=390.0, latency_s=0.00275, transport="cuda_ipc", checksum_ok=True,
+    )
+    base.update(kw)
+    return T.CaseResult(**base)
+
+
+def test_verdicts():
+    ok = T.finish_result(_res(), 392.0, 478.0, gpu_host=True)
+    assert ok.verdict == "pass" and ok.eff_copy == pytest.approx(390 / 392) and ok.eff_link == pytest.approx(390 / 478)
+
+    tcp = T.finish_result(_res(transport="tcp", gbps=0.5), 392.0, 478.0, True, module_dir="/x/nixl_cu13.libs/ucx")
+    assert tcp.verdict == "fail" and "tcp" in tcp.reason
+    assert "UCX_MODULE_DIR=/x/nixl_cu13.libs/ucx" in tcp.remedy and "keep tcp" in tcp.remedy
+
+    # the same tcp on a host without GPUs is not a GPU path lost
+    assert T.judge(_res(pair="host-host", transport="tcp", initiator="DRAM", target="DRAM"), False)[0] == "pass"
+    host_gpu = T.judge(_res(pair="host-gpu", transport="tcp", target="DRAM"), True)
+    assert host_gpu[0] == "warn" and "not PCIe bandwidth" in host_gpu[1]
+    assert T.judge(_res(transport="cma"), True)[0] == "warn"  # GPU pair without cuda_ipc
+    assert T.judge(_res(transport=""), True)[0] == "warn"
+    assert T.judge(_res(error="target exited with code 1"), True)[0] == "fail"
+    assert T.judge(_res(checksum_ok=False), True)[0] == "fail"
+
+    bound = T.finish_result(
+        _res(descs=36864, desc_bytes=16384, bytes_per_xfer=603979776, gbps=3.6, latency_s=0.1668, layout="scatter"),
+        392.0, 478.0, True,
+    )
+    assert bound.verdict == "warn" and "4.5 us per descriptor" in bound.reason
+    slow = T.finish_result(_res(gbps=200.0), 392.0, 478.0, True)
+    assert slow.verdict == "warn" and "of the link limit" in slow.reason
+
+
+def test_recorded_h200_results():
+    data, results = T.load_results(FIXTURES / "h200x2-main.json")
+    assert data["nixl_version"] == "1.5.1" and data["gpus"] == [0, 1]
+    T.regrade(results, gpu_host=True)
+    assert not T.any_fail(results)
+    gg = [r for r in results if r.pair == "gpu-gpu"]
+    assert gg and all(r.transport == "cuda_ipc" and r.checksum_ok for r in gg)
+    hg = [r for r in results if r.pair == "host-gpu"]
+    assert hg and all(r.transport == "tcp" and r.verdict == "warn" for r in hg)
+    one_gib = next(r for r in gg if r.case == "READ 1x1GiB" and r.num_threads == 0)
+    assert one_gib.verdict == "pass" and one_gib.eff_copy > 0.9 and one_gib.eff_link > 0.75
+    scatter = next(r for r in gg if r.case == "READ kv:gpt-oss-120b 8192tok B16 scatter prepped" and r.num_threads == 0)
+    contig = next(r for r in gg if r.case == "READ kv:gpt-oss-120b 8192tok B16 contig prepped" and r.num_threads == 0)
+    assert scatter.descs == contig.descs == kvshape.descriptors_per_request(kvshape.get_shape("gpt-oss-120b"), 8192, 16)
+    assert scatter.verdict == "warn" and "descriptor-bound" in scatter.reason
+    assert contig.verdict == "pass" and contig.gbps > 50 * scatter.gbps
+
+    _, bad = T.load_results(FIXTURES / "h200x2-ucx-tls.json")
+    T.regrade(bad, gpu_host=True)
+    assert T.any_fail(bad)
+    copy_only = [r for r in bad if "cuda_copy" in r.session]
+    assert copy_only and all(r.transport == "tcp" and r.verdict == "fail" for r in copy_only)
+    no_cuda = [r for r in bad if r.session.endswith("UCX_TLS=tcp,sm,self")]
+    assert "does not enable CUDA memory support" in no_cuda[0].error
+
+
+def test_render_table_of_recorded_results():
+    from rich.console import Console
+
+    from pdinfra.cli_transfer import render_table
+
+    _, results = T.load_results(FIXTURES / "h200x2-progthread.json")
+    console = Console(width=250, record=True)
+    console.print(render_table(T.regrade(results, True)))
+    text = console.export_text()
+    assert "READ 1x1GiB" in text and "cuda_ipc" in text and "266.00" in text
+
+
+# ----------------------------------------------------------------------------- planning and helpers
+
+
+def test_plans_and_layouts():
+    shape = kvshape.get_shape("gpt-oss-120b")
+    blen, contig = T.kv_slots(shape, 8192, 16, 1, "contig")
+    _, scatter = T.kv_slots(shape, 8192, 16, 1, "scatter")
+    assert blen == 16384 and len(contig) == len(scatter) == 36864
+    assert contig == list(range(36864))
+    assert all(b - a >= 2 for a, b in zip(scatter, scatter[1:], strict=False))  # nothing adjacent to merge
+    cases = T.plan_cases(("READ",), (1 << 20,), ((64, 16384),), ("scatter",), kvshape.get_shape("tiny"), 256, (16,))
+    assert [c.name for c in cases] == [
+        "READ 1x1MiB",
+        "READ 64x16KiB scatter plain",
+        "READ 64x16KiB scatter prepped",
+        "READ kv:tiny 256tok B16 scatter prepped",
+    ]
+    assert cases[-1].descs == 2 * 2 * 16 and cases[-1].kv["bytes_per_token"] == 4096
+    s3 = T.plan_sessions([0, 1, 2], cases)
+    assert [s.label for s in s3] == [
+        "VRAM0->VRAM1 thr0", "VRAM0->VRAM2 thr0", "VRAM1->VRAM2 thr0", "DRAM->VRAM0 thr0",
+    ]
+    assert s3[-1].target.pinned and s3[-1].pair == "host-gpu"
+    assert [s.label for s in T.plan_sessions([0], cases)] == ["VRAM0->VRAM0 thr0", "DRAM->VRAM0 thr0"]
+    cpu = T.plan_sessions([], cases, num_threads=(0, 4), ucx_envs=({"UCX_TLS": "tcp"},))
+    assert [s.label for s in cpu] == ["DRAM->DRAM thr0 UCX_TLS=tcp", "DRAM->DRAM thr4 UCX_TLS=tcp"]
+    assert T.parse_size("64KiB") == 65536 and T.parse_size("1G") == 1 << 30 and T.parse_size("4096") == 4096
+    assert T.fmt_bytes(1 << 30) == "1GiB" and T.fmt_bytes(1000) == "1000B"
+    assert T.fmt_latency(2.5e-5) == "25 us" and T.fmt_latency(None) == "-"
+
+
+def test_checksum_catches_misplaced_blocks():
+    buf = T._Buffer(T.Endpoint("DRAM"), 64 * 4096)
+    buf.fill(7)
+    slots = [0, 2, 4, 6]
+    good = buf.checksum(slots, 4096)
+    assert good == buf.checksum(list(slots), 4096)
+    assert good != buf.checksum([2, 0, 4, 6], 4096)  # blocks swapped
+    assert good != buf.checksum([0, 2, 4, 8], 4096)  # a block from the wrong slot
+    buf.zero()
+    assert buf.checksum(slots, 4096) == 0
+
+
+def test_importable_without_nixl_and_torch():
+    code = (
+        "import sys; sys.modules['nixl'] = None; sys.modules['torch'] = None; sys.modules['numpy'] = None\n"
+        "import pdinfra.transfer as T, pdinfra.cli_transfer, pdinfra.kvshape\n"
+        "print(T.nixl_available())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "NIXL not installed" in out.stdout
+
+
+def test_cli_says_nixl_missing(monkeypatch):
+    from typer.testing import CliRunner
+
+    from pdinfra.cli_transfer import transfer_cmd
+
+    monkeypatch.setattr(T, "nixl_available", lambda: (False, T.NIXL_MISSING))
+    import typer
+
+    app = typer.Typer()
+    app.command()(transfer_cmd)
+    res = CliRunner().invoke(app, ["--iters", "1"])
+    assert res.exit_code == 2
+    assert "NIXL not installed" in res.output
+
+
+# ----------------------------------------------------------------------------- real NIXL, two processes
+
+
+@needs_nixl
+def test_real_dram_transfer_over_tcp_loopback(tmp_path):
+    """Two processes, UCX forced onto tcp over loopback (what a CPU-only CI host exercises)."""
+    tiny = kvshape.get_shape("tiny")
+    cases = T.plan_cases(("READ", "WRITE"), (1 << 20,), ((64, 16384),), ("scatter",), tiny, 256, (16,))
+    spec = T.SessionSpec(
+        "cpu tcp", T.Endpoint("DRAM"), T.Endpoint("DRAM"), cases, ucx_env={"UCX_TLS": "tcp"}, iters=3, warmup=1,
+        case_cap_s=10.0,
+    )
+    report, results = T.run_session(spec, gpu_host=False, log_dir=str(tmp_path))
+    assert report.error == ""
+    assert report.transports_seen == ["tcp"]
+    assert report.copy["READ"] > 0 and "memcpy" in report.copy["kind"]
+    assert len(results) == len(cases) == 8
+    for r in results:
+        assert r.error == "" and r.checksum_ok is True, (r.case, r.error)
+        assert r.transport == "tcp", r.case
+        assert r.iters == 3 and r.gbps > 0 and r.latency_s > 0
+        assert r.verdict in ("pass", "warn") and r.eff_copy is not None
+    kv = next(r for r in results if r.kv)
+    assert kv.descs == kvshape.descriptors_per_request(tiny, 256, 16) == 64
+    assert kv.bytes_per_xfer == kvshape.request_bytes(tiny, 256, 16)
+    assert (tmp_path / "cpu_tcp.initiator.log").exists()
+
+
+@needs_nixl
+def test_cli_json_real_run():
+    import typer
+    from typer.testing import CliRunner
+
+    from pdinfra.cli_transfer import transfer_cmd
+
+    app = typer.Typer()
+    app.command()(transfer_cmd)
+    args = ["--ucx-env", "UCX_TLS=tcp", "--sizes", "64KiB", "--batches", "none", "--prompt-tokens", "32",
+            "--mode", "READ", "--iters", "2", "--json", "--gpus", ""]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output[res.output.index("{"):])
+    assert [r["case"] for r in data["results"]] == ["READ 1x64KiB", "READ kv:tiny 32tok B16 scatter prepped"]
+    assert all(r["transport"] == "tcp" and r["checksum_ok"] for r in data["results"])
