@@ -29,7 +29,9 @@ app.add_typer(hosts_app, name="hosts")
 app.add_typer(model_app, name="model")
 console = Console(stderr=True)
 
-Inv = Annotated[Path, typer.Option("--inventory", "-i", help="Ansible inventory (default: the local two-node cluster).")]
+Inv = Annotated[
+    Path, typer.Option("--inventory", "-i", help="Ansible inventory (default: the local two-node cluster).")
+]
 DEFAULT_INV = paths.REPO / "inventory" / "local" / "hosts.yml"
 
 
@@ -88,7 +90,9 @@ def hosts_create(inventory: Inv = DEFAULT_INV) -> None:
 @hosts_app.command("destroy")
 def hosts_destroy(
     inventory: Inv = DEFAULT_INV,
-    keep_disk: Annotated[bool, typer.Option(help="Keep each host's overlay (installed venv) for a faster re-create.")] = False,
+    keep_disk: Annotated[
+        bool, typer.Option(help="Keep each host's overlay (installed venv) for a faster re-create.")
+    ] = False,
 ) -> None:
     """Stop the test hosts and remove every process, mount, namespace, veth, bridge and cgroup they used."""
     from pdinfra import testhosts

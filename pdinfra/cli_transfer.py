@@ -87,14 +87,10 @@ def transfer_cmd(
     ] = None,
     pcie_gbps: Annotated[float | None, typer.Option(help="host-GPU limit in GB/s (PCIe gen x width)")] = None,
     threads: Annotated[str, typer.Option(help="NIXL UCX backend num_threads values, e.g. 0,8")] = "0",
-    ucx_env: Annotated[
-        list[str] | None, typer.Option(help="UCX variant 'KEY=VAL;KEY=VAL' (repeatable)")
-    ] = None,
+    ucx_env: Annotated[list[str] | None, typer.Option(help="UCX variant 'KEY=VAL;KEY=VAL' (repeatable)")] = None,
     iters: Annotated[int | None, typer.Option(help="measured iterations per case (default 20 GPU, 5 CPU)")] = None,
     cap: Annotated[float, typer.Option(help="wall-clock cap per case, seconds")] = 10.0,
-    prog_thread: Annotated[
-        bool, typer.Option(help="use NIXL's busy-polling progress thread (off by default)")
-    ] = False,
+    prog_thread: Annotated[bool, typer.Option(help="use NIXL's busy-polling progress thread (off by default)")] = False,
     host_gpu: Annotated[bool, typer.Option(help="also run the DRAM<->VRAM session on GPU hosts")] = True,
     kv_plain: Annotated[bool, typer.Option(help="also run KV-shaped cases through the plain path")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the JSON report instead of a table")] = False,

@@ -201,11 +201,18 @@ def _instances(hostvars: dict[str, dict[str, Any]], hosts: list[str]) -> tuple[l
             gpus = tuple(int(g) for g in item.get("gpus", []) or [])
             out.append(
                 Instance(
-                    host=h, index=idx, name=str(item["name"]), role=str(item["role"]), port=port,
-                    side_channel_port=scp, tp=tp, gpus=gpus,
+                    host=h,
+                    index=idx,
+                    name=str(item["name"]),
+                    role=str(item["role"]),
+                    port=port,
+                    side_channel_port=scp,
+                    tp=tp,
+                    gpus=gpus,
                     model=str(item.get("model", model.get("path") or model.get("hf_id") or model.get("name"))),
                     served_model_name=str(item.get("served_model_name", model.get("name", ""))),
-                    block_size=block, dtype=str(item.get("dtype", hv.get("pdinfra_dtype", "auto"))),
+                    block_size=block,
+                    dtype=str(item.get("dtype", hv.get("pdinfra_dtype", "auto"))),
                 )  # fmt: skip
             )
     names: dict[str, Instance] = {}
@@ -225,7 +232,9 @@ def _check_addresses(hostvars: dict[str, dict[str, Any]], hosts: list[str]) -> l
     for h in hosts:
         addr = hostvars[h].get("pdinfra_address")
         if not addr:
-            problems.append(Problem("pdinfra_address", "is required (the node's serving address, e.g. 198.18.0.11/24)", h))
+            problems.append(
+                Problem("pdinfra_address", "is required (the node's serving address, e.g. 198.18.0.11/24)", h)
+            )
             continue
         try:
             if "/" not in str(addr):
@@ -257,12 +266,16 @@ def _check_ports(hostvars: dict[str, dict[str, Any]], instances: list[Instance],
     for h in routers:
         hv = hostvars.get(h, {})
         claim(h, _int(hv.get("pdinfra_router_port", 8000)) or 8000, "pdinfra_router_port (router)")
-        claim(h, _int(hv.get("pd_router_prometheus_port", 29000)) or 29000, "pd_router_prometheus_port (router metrics)")
+        claim(
+            h, _int(hv.get("pd_router_prometheus_port", 29000)) or 29000, "pd_router_prometheus_port (router metrics)"
+        )
     for inst in instances:
         claim(inst.host, inst.port, f"{inst.var}.port ({inst.name} HTTP)")
         # vLLM uses base + dp_rank (older builds base + tp_rank): keep a range per instance.
         for k in range(max(inst.tp, 1)):
-            claim(inst.host, inst.side_channel_port + k, f"{inst.var}.side_channel_port ({inst.name} NIXL side channel)")
+            claim(
+                inst.host, inst.side_channel_port + k, f"{inst.var}.side_channel_port ({inst.name} NIXL side channel)"
+            )
     return problems
 
 
@@ -298,7 +311,9 @@ def _check_gpus(instances: list[Instance]) -> list[Problem]:
     for inst in instances:
         if inst.gpus and len(inst.gpus) != inst.tp:
             problems.append(
-                Problem(f"{inst.var}.gpus", f"{len(inst.gpus)} GPUs listed but tensor_parallel_size is {inst.tp}", inst.host)
+                Problem(
+                    f"{inst.var}.gpus", f"{len(inst.gpus)} GPUs listed but tensor_parallel_size is {inst.tp}", inst.host
+                )
             )
         taken = by_host.setdefault(inst.host, {})
         for g in inst.gpus:

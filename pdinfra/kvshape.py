@@ -111,9 +111,7 @@ def blocks_for_prompt(prompt_tokens: int, block_size: int) -> int:
     return math.ceil(max(0, prompt_tokens) / block_size)
 
 
-def blocks_per_layer(
-    shape: KVShape, prompt_tokens: int, block_size: int, swa_trim: bool = False
-) -> list[int]:
+def blocks_per_layer(shape: KVShape, prompt_tokens: int, block_size: int, swa_trim: bool = False) -> list[int]:
     """Blocks each layer moves. With ``swa_trim`` sliding-window layers move only their window's blocks."""
     full = blocks_for_prompt(prompt_tokens, block_size)
     out = []
@@ -140,13 +138,9 @@ def descriptors_per_request(
     return 2 * sum(blocks_per_layer(shape, prompt_tokens, block_size, swa_trim))
 
 
-def request_bytes(
-    shape: KVShape, prompt_tokens: int, block_size: int, tp: int = 1, swa_trim: bool = False
-) -> int:
+def request_bytes(shape: KVShape, prompt_tokens: int, block_size: int, tp: int = 1, swa_trim: bool = False) -> int:
     """Bytes one rank moves for one request (whole blocks, so a partly filled last block counts in full)."""
-    return 2 * sum(blocks_per_layer(shape, prompt_tokens, block_size, swa_trim)) * block_len(
-        shape, block_size, tp
-    )
+    return 2 * sum(blocks_per_layer(shape, prompt_tokens, block_size, swa_trim)) * block_len(shape, block_size, tp)
 
 
 @dataclass(frozen=True)

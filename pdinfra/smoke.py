@@ -159,7 +159,9 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300) -> SmokeResul
         res.stream_text = "".join(parts)
         ok = res.stream_chunks > 1 and bool(res.stream_text)
         res.proofs.append(
-            Proof("streaming completion through the router", ok, f"{res.stream_chunks} chunks: {res.stream_text[:60]!r}")
+            Proof(
+                "streaming completion through the router", ok, f"{res.stream_chunks} chunks: {res.stream_text[:60]!r}"
+            )
         )
     except (urllib.error.URLError, KeyError, TimeoutError, ValueError) as exc:
         res.proofs.append(Proof("streaming completion through the router", False, f"{type(exc).__name__}: {exc}"))
@@ -195,9 +197,7 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300) -> SmokeResul
     return res
 
 
-def endpoints_from_hostvars(
-    hostvars: dict[str, dict[str, Any]], cluster: list[str], routers: list[str]
-) -> Endpoints:
+def endpoints_from_hostvars(hostvars: dict[str, dict[str, Any]], cluster: list[str], routers: list[str]) -> Endpoints:
     """Router and instance URLs as the inventory declares them."""
 
     def addr(h: str) -> str:

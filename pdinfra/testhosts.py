@@ -133,7 +133,21 @@ def ensure_base(progress: Progress | None = None) -> Path:
         _prepare_base(build)
         _say(progress, f"caching the base as {tarball}")
         tmp = tarball.with_suffix(".tmp")
-        _run(["tar", "--numeric-owner", "--xattrs", "--acls", "-I", "zstd -3 -T0", "-C", str(build), "-cf", str(tmp), "."])
+        _run(
+            [
+                "tar",
+                "--numeric-owner",
+                "--xattrs",
+                "--acls",
+                "-I",
+                "zstd -3 -T0",
+                "-C",
+                str(build),
+                "-cf",
+                str(tmp),
+                ".",
+            ]
+        )
         tmp.rename(tarball)
         shutil.rmtree(build, ignore_errors=True)
     _say(progress, "unpacking the cached base root filesystem")

@@ -227,14 +227,10 @@ def plan_sessions(
     """
     pairs: list[tuple[Endpoint, Endpoint, list[CaseSpec]]] = []
     if gpu_ids:
-        gpu_pairs = [(i, j) for n, i in enumerate(gpu_ids) for j in gpu_ids[n + 1 :]] or [
-            (gpu_ids[0], gpu_ids[0])
-        ]
+        gpu_pairs = [(i, j) for n, i in enumerate(gpu_ids) for j in gpu_ids[n + 1 :]] or [(gpu_ids[0], gpu_ids[0])]
         for i, j in gpu_pairs:
             pairs.append((Endpoint("VRAM", j), Endpoint("VRAM", i), cases))
-        pairs.append(
-            (Endpoint("VRAM", gpu_ids[0]), Endpoint("DRAM", 0, pinned=True), host_gpu_cases or cases)
-        )
+        pairs.append((Endpoint("VRAM", gpu_ids[0]), Endpoint("DRAM", 0, pinned=True), host_gpu_cases or cases))
     else:
         pairs.append((Endpoint("DRAM"), Endpoint("DRAM"), cases))
     sessions = []
@@ -245,9 +241,7 @@ def plan_sessions(
                 label = f"{tgt.label}->{ini.label} thr{nt}" + (f" {env_label}" if env_label else "")
                 if session_kw.get("prog_thread"):
                     label += " progthread"
-                sessions.append(
-                    SessionSpec(label, ini, tgt, list(cs), num_threads=nt, ucx_env=dict(env), **session_kw)
-                )
+                sessions.append(SessionSpec(label, ini, tgt, list(cs), num_threads=nt, ucx_env=dict(env), **session_kw))
     return sessions
 
 
@@ -584,8 +578,8 @@ class _Buffer:
     def descs(self, slots: list[int] | None, desc_bytes: int):
         """Nx3 uint64 (address, length, device) rows for ``slots`` (all slots of the buffer if None)."""
         np = self.np
-        idx = np.arange(self.span // desc_bytes, dtype=np.uint64) if slots is None else np.asarray(
-            slots, dtype=np.uint64
+        idx = (
+            np.arange(self.span // desc_bytes, dtype=np.uint64) if slots is None else np.asarray(slots, dtype=np.uint64)
         )
         out = np.empty((len(idx), 3), dtype=np.uint64)
         out[:, 0] = np.uint64(self.addr) + idx * np.uint64(desc_bytes)
@@ -738,9 +732,7 @@ def _run_case(agent, remote: str, buf: _Buffer, rmeta: dict, case: CaseSpec, pre
     else:
         local = agent.get_xfer_descs(buf.descs(case.slots, case.desc_bytes), buf.ep.mem)
         rd = np.empty((case.descs, 3), dtype=np.uint64)
-        rd[:, 0] = np.uint64(rmeta["addr"]) + np.asarray(case.slots, dtype=np.uint64) * np.uint64(
-            case.desc_bytes
-        )
+        rd[:, 0] = np.uint64(rmeta["addr"]) + np.asarray(case.slots, dtype=np.uint64) * np.uint64(case.desc_bytes)
         rd[:, 1] = case.desc_bytes
         rd[:, 2] = rmeta["devid"]
         handle = agent.initialize_xfer(case.op, local, agent.get_xfer_descs(rd, rmem), remote)
@@ -1042,9 +1034,7 @@ def run_session(
     if NIXL_MISSING in report.error:
         report.error = NIXL_MISSING
     for res in results:
-        tps = select_transports(
-            tables, res.op, spec.initiator.ucx_mem, spec.target.ucx_mem, res.desc_bytes
-        )
+        tps = select_transports(tables, res.op, spec.initiator.ucx_mem, spec.target.ucx_mem, res.desc_bytes)
         res.transport = "+".join(tps)
         rows = [
             f"{tb.title}: {r.config}"

@@ -95,7 +95,8 @@ def build(
 def pdinfra_source(cache: Path | None = None) -> Path:
     """A tarball of the pdinfra package's source, named by its content (pushed to nodes)."""
     files = sorted(
-        p for p in paths.REPO.joinpath("pdinfra").rglob("*")
+        p
+        for p in paths.REPO.joinpath("pdinfra").rglob("*")
         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
     )
     h = hashlib.sha256()

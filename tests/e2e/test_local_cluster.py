@@ -68,7 +68,9 @@ def cluster():
     run([str(BIN / "pdinfra"), "down"], log="00-down-before")
     res = run([str(BIN / "pdinfra"), "up"], log="01-up", timeout=2400)
     if res.returncode != 0:
-        pytest.fail(f"pdinfra up failed ({res.returncode}); see {LOG_DIR}/01-up.log:\n{(res.stdout + res.stderr)[-5000:]}")
+        pytest.fail(
+            f"pdinfra up failed ({res.returncode}); see {LOG_DIR}/01-up.log:\n{(res.stdout + res.stderr)[-5000:]}"
+        )
     yield {"hosts": hosts, "up": res}
     run([str(BIN / "pdinfra"), "down"], log="99-down-after")
 
@@ -116,7 +118,9 @@ def test_address_not_on_the_node_fails_before_any_change(cluster, tmp_path):
     inv_dir = tmp_path / "inv"
     shutil.copytree(INV.parent, inv_dir)
     hosts_yml = inv_dir / "hosts.yml"
-    hosts_yml.write_text(hosts_yml.read_text().replace("pdinfra_address: 198.18.0.12/24", "pdinfra_address: 198.18.0.99/24"))
+    hosts_yml.write_text(
+        hosts_yml.read_text().replace("pdinfra_address: 198.18.0.12/24", "pdinfra_address: 198.18.0.99/24")
+    )
     res = playbook(log="40-bad-address", inventory=hosts_yml)
     assert res.returncode != 0
     out = res.stdout + res.stderr

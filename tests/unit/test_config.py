@@ -90,8 +90,12 @@ def test_block_size_differs_between_hosts_via_group_var():
 
 def test_missing_model_path_on_controller(tmp_path):
     missing = tmp_path / "nope"
-    out = mutate(lambda hv: [hv[h].update(pdinfra_model={"name": "m", "source": "controller_dir",
-                                                          "controller_path": str(missing)}) for h in hv])
+    out = mutate(
+        lambda hv: [
+            hv[h].update(pdinfra_model={"name": "m", "source": "controller_dir", "controller_path": str(missing)})
+            for h in hv
+        ]
+    )
     assert any(p.startswith("host node1: pdinfra_model.controller_path") and "does not exist" in p for p in out), out
 
 
@@ -102,8 +106,11 @@ def test_node_path_model_needs_a_path():
 
 @pytest.mark.parametrize(
     "addr,needle",
-    [("198.18.0.11", "not an address with prefix length"), ("127.0.0.1/8", "loopback"),
-     ("198.18.0.12/24", "also the address of")],
+    [
+        ("198.18.0.11", "not an address with prefix length"),
+        ("127.0.0.1/8", "loopback"),
+        ("198.18.0.12/24", "also the address of"),
+    ],
 )
 def test_bad_addresses(addr, needle):
     out = mutate(lambda hv: hv["node1"].update(pdinfra_address=addr))
@@ -120,8 +127,14 @@ def test_gpu_overlap_on_gpu_profile():
         for h in hv:
             hv[h]["pdinfra_profile"] = "gpu"
         hv["node1"]["pdinfra_instances"] = [
-            {"name": "p0", "role": "prefill", "port": 8100, "side_channel_port": 5600, "gpus": [0, 1],
-             "tensor_parallel_size": 2},
+            {
+                "name": "p0",
+                "role": "prefill",
+                "port": 8100,
+                "side_channel_port": 5600,
+                "gpus": [0, 1],
+                "tensor_parallel_size": 2,
+            },
             {"name": "p1", "role": "prefill", "port": 8101, "side_channel_port": 5610, "gpus": [1]},
         ]
 

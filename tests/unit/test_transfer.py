@@ -90,9 +90,22 @@ def test_parse_rdma_sample_and_size_ranges():
 
 def _res(**kw) -> T.CaseResult:
     base = dict(
-        case="c", session="s", op="READ", mode="prepped", layout="single", initiator="VRAM1", target="VRAM0",
-        pair="gpu-gpu", num_threads=0, desc_bytes=1 << 30, descs=1, bytes_per_xfer=1 << 30,
-        gbps=390.0, latency_s=0.00275, transport="cuda_ipc", checksum_ok=True,
+        case="c",
+        session="s",
+        op="READ",
+        mode="prepped",
+        layout="single",
+        initiator="VRAM1",
+        target="VRAM0",
+        pair="gpu-gpu",
+        num_threads=0,
+        desc_bytes=1 << 30,
+        descs=1,
+        bytes_per_xfer=1 << 30,
+        gbps=390.0,
+        latency_s=0.00275,
+        transport="cuda_ipc",
+        checksum_ok=True,
     )
     base.update(kw)
     return T.CaseResult(**base)
@@ -117,7 +130,9 @@ def test_verdicts():
 
     bound = T.finish_result(
         _res(descs=36864, desc_bytes=16384, bytes_per_xfer=603979776, gbps=3.6, latency_s=0.1668, layout="scatter"),
-        392.0, 478.0, True,
+        392.0,
+        478.0,
+        True,
     )
     assert bound.verdict == "warn" and "4.5 us per descriptor" in bound.reason
     slow = T.finish_result(_res(gbps=200.0), 392.0, 478.0, True)
@@ -182,7 +197,10 @@ def test_plans_and_layouts():
     assert cases[-1].descs == 2 * 2 * 16 and cases[-1].kv["bytes_per_token"] == 4096
     s3 = T.plan_sessions([0, 1, 2], cases)
     assert [s.label for s in s3] == [
-        "VRAM0->VRAM1 thr0", "VRAM0->VRAM2 thr0", "VRAM1->VRAM2 thr0", "DRAM->VRAM0 thr0",
+        "VRAM0->VRAM1 thr0",
+        "VRAM0->VRAM2 thr0",
+        "VRAM1->VRAM2 thr0",
+        "DRAM->VRAM0 thr0",
     ]
     assert s3[-1].target.pinned and s3[-1].pair == "host-gpu"
     assert [s.label for s in T.plan_sessions([0], cases)] == ["VRAM0->VRAM0 thr0", "DRAM->VRAM0 thr0"]
@@ -240,7 +258,13 @@ def test_real_dram_transfer_over_tcp_loopback(tmp_path):
     tiny = kvshape.get_shape("tiny")
     cases = T.plan_cases(("READ", "WRITE"), (1 << 20,), ((64, 16384),), ("scatter",), tiny, 256, (16,))
     spec = T.SessionSpec(
-        "cpu tcp", T.Endpoint("DRAM"), T.Endpoint("DRAM"), cases, ucx_env={"UCX_TLS": "tcp"}, iters=3, warmup=1,
+        "cpu tcp",
+        T.Endpoint("DRAM"),
+        T.Endpoint("DRAM"),
+        cases,
+        ucx_env={"UCX_TLS": "tcp"},
+        iters=3,
+        warmup=1,
         case_cap_s=10.0,
     )
     report, results = T.run_session(spec, gpu_host=False, log_dir=str(tmp_path))
@@ -268,10 +292,25 @@ def test_cli_json_real_run():
 
     app = typer.Typer()
     app.command()(transfer_cmd)
-    args = ["--ucx-env", "UCX_TLS=tcp", "--sizes", "64KiB", "--batches", "none", "--prompt-tokens", "32",
-            "--mode", "READ", "--iters", "2", "--json", "--gpus", ""]
+    args = [
+        "--ucx-env",
+        "UCX_TLS=tcp",
+        "--sizes",
+        "64KiB",
+        "--batches",
+        "none",
+        "--prompt-tokens",
+        "32",
+        "--mode",
+        "READ",
+        "--iters",
+        "2",
+        "--json",
+        "--gpus",
+        "",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    data = json.loads(res.output[res.output.index("{"):])
+    data = json.loads(res.output[res.output.index("{") :])
     assert [r["case"] for r in data["results"]] == ["READ 1x64KiB", "READ kv:tiny 32tok B16 scatter prepped"]
     assert all(r["transport"] == "tcp" and r["checksum_ok"] for r in data["results"])
