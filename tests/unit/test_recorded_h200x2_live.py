@@ -1,0 +1,42 @@
+"""`pdinfra facts` recorded live on a real 2×H200 NVLink host (lent machine nvidia-h200-x2, 2026-11-29).
+
+The facts were gathered by pdinfra itself through NVML and cuda-bindings; this replays them through the
+validator, as `pdinfra validate --facts` does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pdinfra import checks
+
+FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h200x2-live" / "facts.json"
+EXPECT = {"role": "gpu", "gpu_count": 2, "driver_version": "580.159.04", "nvlinks_per_gpu": 18,
+          "nvlink_version": "4.0", "fabric": True}  # fmt: skip
+
+
+def results():
+    facts = json.loads(FIXTURE.read_text())
+    return {r.id: r for r in checks.run_checks(facts, checks.Expect.from_dict(EXPECT))}
+
+
+def test_recorded_h200x2_passes_every_gpu_check():
+    r = results()
+    for cid in ("driver.open_module", "driver.version", "gpu.count", "gpu.nvlink", "gpu.p2p", "gpu.pcie",
+                "gpu.fabric", "gpu.dmabuf", "os.kernel_version", "os.kernel_dmabuf_config"):  # fmt: skip
+        assert r[cid].verdict == "pass", (cid, r[cid].evidence)
+    assert not [c for c in r.values() if c.verdict == "fail"]
+
+
+def test_recorded_h200x2_evidence_shows_nv18_open_driver_and_dmabuf():
+    r = results()
+    assert "18 links NVLink 4.0" in r["gpu.nvlink"].evidence
+    assert "open kernel module 580.159.04" in r["driver.open_module"].evidence
+    assert "DMA_BUF_SUPPORTED=1" in r["gpu.dmabuf"].evidence
+    assert "Gen5 x16" in r["gpu.pcie"].evidence
+
+
+def test_recorded_h200x2_without_ucx_info_is_a_warning_not_a_pass():
+    r = results()
+    assert r["ucx.transports"].verdict == "warn"
