@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -118,6 +119,17 @@ def validate_cmd(
         ),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON instead of a table.")] = False,
+    transfer: Annotated[
+        bool,
+        typer.Option(
+            "--transfer",
+            help="Also measure NIXL READ/WRITE between two processes on this host (GPU pairs, DRAM-VRAM; "
+            "DRAM-DRAM on CPU hosts) against the link limits in the facts. Live hosts only.",
+        ),
+    ] = False,
+    transfer_output: Annotated[
+        Path | None, typer.Option(help="With --transfer: write the full transfer report (JSON) here.")
+    ] = None,
 ) -> None:
     """Validate hosts against the check catalog; exits 1 if any check fails."""
     all_facts = [_load_facts(p) for p in facts_file] if facts_file else [gather(root or "/")]
@@ -126,9 +138,35 @@ def validate_cmd(
         results += checks.run_checks(facts, _expect_for(facts, expect, len(all_facts)))
     if len(all_facts) > 1:
         results += checks.run_fleet_checks(all_facts)
+    if transfer:
+        if facts_file or (root and root != "/"):
+            raise typer.BadParameter("--transfer measures this machine: use it without --facts/--root")
+        from pdinfra import transfer_checks
+        from pdinfra.transfer import NixlMissingError
+
+        err = Console(stderr=True)
+        try:
+            measured, report = transfer_checks.run(all_facts[0], progress=lambda m: err.print(f"[cyan]»[/] {m}"))
+        except NixlMissingError as exc:
+            measured, report = (
+                [
+                    checks.CheckResult(
+                        "transfer.nixl",
+                        "NIXL is installed",
+                        "fail",
+                        str(exc),
+                        "pip install nixl==1.5.1 nixl-cu13==1.5.1",
+                        "transfer",
+                    )
+                ],
+                {},
+            )
+        results += measured
+        if transfer_output and report:
+            transfer_output.write_text(json.dumps(report, indent=1) + "\n")
     if json_out:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=1))
     else:
-        render_table(results, Console(), show_host=len(all_facts) > 1)
+        render_table(results, Console(width=None if sys.stdout.isatty() else 200), show_host=len(all_facts) > 1)
     if checks.failed(results):
         raise typer.Exit(1)
