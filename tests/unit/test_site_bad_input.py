@@ -1,0 +1,82 @@
+"""`ansible-playbook site.yml` with bad input stops on the controller, naming the variable, before any host.
+
+The inventory points at addresses where no host answers (198.18.0.250/.251): if site.yml tried to reach a
+host, the run would end UNREACHABLE instead of with the variable's name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture()
+def inventory(tmp_path):
+    inv = tmp_path / "inv"
+    shutil.copytree(REPO / "inventory" / "local", inv)
+    hosts = inv / "hosts.yml"
+    text = hosts.read_text().replace("198.18.0.11", "198.18.0.250").replace("198.18.0.12", "198.18.0.251")
+    hosts.write_text(text)
+    return inv
+
+
+def site(inv: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH=f"{BIN}:{os.environ.get('PATH', '')}")  # fmt: skip
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inv / "hosts.yml"), "site.yml", *extra],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def assert_stopped_before_hosts(res: subprocess.CompletedProcess, needle: str) -> None:
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out[-2000:]
+    assert needle in out, out[-3000:]
+    assert "UNREACHABLE" not in out and "node1" not in out.split("PLAY RECAP")[-1], out[-2000:]
+
+
+def test_unknown_connector(inventory):
+    assert_stopped_before_hosts(site(inventory, "-e", "pdinfra_connector=tcpstore"), "pdinfra_connector: unknown connector 'tcpstore'")
+
+
+def test_port_collision_on_a_node(inventory):
+    hv = inventory / "host_vars" / "node1.yml"
+    hv.write_text(hv.read_text().replace("port: 8100", "port: 8000"))
+    assert_stopped_before_hosts(site(inventory), "host node1: pdinfra_instances[0].port")
+
+
+def test_prefill_and_decode_with_different_block_sizes(inventory):
+    hv = inventory / "host_vars" / "node2.yml"
+    hv.write_text(hv.read_text() + "    block_size: 64\n")
+    assert_stopped_before_hosts(site(inventory), "host node2: pdinfra_instances[0].block_size (pdinfra_block_size)")
+
+
+def test_prefill_and_decode_with_different_models(inventory):
+    hv = inventory / "host_vars" / "node2.yml"
+    hv.write_text(hv.read_text() + "    model: /opt/other-model\n")
+    assert_stopped_before_hosts(site(inventory), "host node2: pdinfra_instances[0].model (pdinfra_model)")
+
+
+def test_missing_model_path_on_the_controller(inventory, tmp_path):
+    model = {"pdinfra_model": {"name": "m", "source": "controller_dir", "controller_path": str(tmp_path / "none")}}
+    res = site(inventory, "-e", json.dumps(model))
+    assert_stopped_before_hosts(res, "pdinfra_model.controller_path")
+
+
+def test_check_config_command_names_the_file(inventory):
+    hv = inventory / "host_vars" / "node1.yml"
+    hv.write_text(hv.read_text().replace("side_channel_port: 5600", "side_channel_port: 8100"))
+    res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(inventory / "hosts.yml")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 1
+    assert str(inventory / "hosts.yml") in res.stderr and "side_channel_port" in res.stderr, res.stderr
