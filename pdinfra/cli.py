@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdinfra import paths
+from pdinfra.cli_bench import bench_plan_cmd, bench_report_cmd
 from pdinfra.cli_host import facts_cmd, validate_cmd
 from pdinfra.cli_transfer import transfer_cmd
 
@@ -25,8 +26,10 @@ app = typer.Typer(
 )
 hosts_app = typer.Typer(no_args_is_help=True, help="Local test hosts (systemd-nspawn nodes) of an inventory.")
 model_app = typer.Typer(no_args_is_help=True, help="Models pdinfra builds itself.")
+bench_app = typer.Typer(no_args_is_help=True, help="SLO benchmarks: vllm bench serve sweeps, analysis, report.")
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(model_app, name="model")
+app.add_typer(bench_app, name="bench")
 console = Console(stderr=True)
 
 Inv = Annotated[
@@ -245,6 +248,47 @@ def model_tiny(
     typer.echo(str(path) if print_path else f"{tinymodel.NAME}: {path}")
 
 
+@bench_app.command("run")
+def bench_run(
+    inventory: Inv = DEFAULT_INV,
+    plan: Annotated[str, typer.Option(help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32) or small.")] = (
+        "default"
+    ),
+    isl: Annotated[str | None, typer.Option(help="Input lengths, e.g. 1024,8192.")] = None,
+    osl: Annotated[str | None, typer.Option(help="Output lengths, e.g. 1024.")] = None,
+    concurrency: Annotated[str | None, typer.Option(help="Max concurrencies, e.g. 1,2,4,8,16,32.")] = None,
+    layouts: Annotated[str | None, typer.Option(help="Layouts to sweep: agg,pd.")] = None,
+    prompts_per_concurrency: Annotated[int | None, typer.Option(help="num_prompts = this x concurrency.")] = None,
+    request_rate: Annotated[str | None, typer.Option(help="Request rate (inf = all at once).")] = None,
+    slo: Annotated[
+        str | None, typer.Option(help="SLO as YAML/JSON or a file; default: the inventory's pdinfra_slo.")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where run directories are written.")] = Path("out/bench/runs"),
+    report: Annotated[Path | None, typer.Option(help="Also write the report here (HTML, Markdown, plots).")] = None,
+) -> None:
+    """Run `vllm bench serve` sweeps against the deployed cluster (agg = decode instance direct, pd = router)."""
+    from pdinfra.bench import live
+    from pdinfra.bench.plan import SLO
+    from pdinfra.bench.report import text_summary, write_report
+    from pdinfra.bench.runner import run_bench
+    from pdinfra.cli_bench import parse_slo, plan_from_options
+
+    inv = _load(inventory)
+    endpoints, router = live.endpoints_from_inventory(inv)
+    the_plan = plan_from_options(plan, isl, osl, concurrency, layouts, prompts_per_concurrency, request_rate)
+    the_slo = parse_slo(slo) if slo else SLO.from_dict(inv.hostvars[inv.group("pd_cluster")[0]].get("pdinfra_slo"))
+    executor = live.AnsibleExecutor(inventory, router, Path(out) / ".fetched")
+    run_dir = run_bench(the_plan, the_slo, endpoints, executor, live.http_scrape, Path(out),
+                        host={"router": router, "inventory": str(inventory)})  # fmt: skip
+    console.print(f"[green]run saved[/]: {run_dir}")
+    if report:
+        files = write_report([run_dir], report, the_slo)
+        Console(width=160).print(text_summary(files.runs[0]))
+        console.print(f"report: {files.html}")
+
+
+bench_app.command("plan")(bench_plan_cmd)
+bench_app.command("report")(bench_report_cmd)
 app.command("facts")(facts_cmd)
 app.command("validate")(validate_cmd)
 app.command("transfer")(transfer_cmd)

@@ -1,15 +1,17 @@
-"""Make NIXL's progress-thread delay configurable for vLLM on small CPU hosts.
+"""Make NIXL's progress thread configurable for vLLM: its polling delay, or whether it runs at all.
 
-NIXL 1.5.1's Python API hard-codes ``agent_config.pthrDelay = 0`` in ``nixl_agent.__init__``:
-the progress thread busy-polls a whole core. On a GPU host with dozens of cores that is the
-intended low-latency behaviour and pdinfra leaves it alone. On a 2-core host running a prefill
-and a decode instance, two busy-polling threads starve the vLLM workers until the prefill's KV
-lease expires (measured: one transfer took 104 s; see docs/troubleshooting.md).
+NIXL 1.5.1's Python API hard-codes ``agent_config.pthrDelay = 0`` in ``nixl_agent.__init__``: the progress
+thread busy-polls a whole core. On a GPU host with dozens of cores that is the intended low-latency behaviour,
+and pdinfra leaves it alone by default. On a 2-core host running a prefill and a decode instance, two
+busy-polling threads starve the vLLM workers until the prefill's KV lease expires (measured: one transfer
+took 104 s; see docs/troubleshooting.md). vLLM builds its agent with ``nixl_agent_config(num_threads=...)``
+and offers no knob for either setting.
 
-When ``PDINFRA_NIXL_PTHR_DELAY_US`` is set, this module (loaded at interpreter start by the
-``pdinfra_nixl_tuning.pth`` file that the pd_runtime role installs in the serving venv) wraps
-the binding's ``nixlAgent`` constructor so the agent config carries that delay instead of 0.
-Nothing else in NIXL or vLLM is changed, and without the variable nothing is patched.
+Loaded at interpreter start by the ``pdinfra_nixl_tuning.pth`` file that the pd_runtime role installs in the
+serving venv, this module wraps the binding's ``nixlAgent`` constructor when one of these is set:
+- ``PDINFRA_NIXL_PTHR_DELAY_US=N``: the progress thread waits N us between polls instead of 0;
+- ``PDINFRA_NIXL_PROG_THREAD=0``: no progress thread (transfers progress when the owner polls them).
+Nothing else in NIXL or vLLM is changed, and with neither variable set nothing is patched.
 """
 
 from __future__ import annotations
@@ -18,51 +20,82 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+from dataclasses import dataclass
 
-ENV = "PDINFRA_NIXL_PTHR_DELAY_US"
+ENV_DELAY = "PDINFRA_NIXL_PTHR_DELAY_US"
+ENV_PROG = "PDINFRA_NIXL_PROG_THREAD"
 _TARGETS = ("nixl_cu13._api", "nixl_cu12._api", "nixl._api")
 
 
-class _BindProxy:
-    """Forwards everything to the real binding module but sets pthrDelay on new agents."""
+@dataclass(frozen=True)
+class Tuning:
+    delay_us: int | None = None
+    prog_thread: bool | None = None
 
-    def __init__(self, real: object, delay_us: int) -> None:
+    @property
+    def active(self) -> bool:
+        return self.delay_us is not None or self.prog_thread is not None
+
+
+def from_env(env: dict[str, str] | None = None) -> Tuning:
+    env = os.environ if env is None else env
+    delay: int | None = None
+    raw = env.get(ENV_DELAY, "").strip()
+    if raw:
+        try:
+            delay = int(raw)
+        except ValueError:
+            print(f"pdinfra: ignoring {ENV_DELAY}={raw!r} (not an integer)", file=sys.stderr)
+        if delay is not None and delay < 0:
+            delay = None
+    prog_raw = env.get(ENV_PROG, "").strip().lower()
+    prog = None if not prog_raw else prog_raw not in ("0", "false", "no", "off")
+    return Tuning(delay, prog)
+
+
+class _BindProxy:
+    """Forwards everything to the real binding module but adjusts the config of new agents."""
+
+    def __init__(self, real: object, tuning: Tuning) -> None:
         self._real = real
-        self._delay = delay_us
+        self._tuning = tuning
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._real, name)
 
     def nixlAgent(self, name, config):  # noqa: N802 - mirrors the binding's name
-        config.pthrDelay = self._delay
+        if self._tuning.delay_us is not None:
+            config.pthrDelay = self._tuning.delay_us
+        if self._tuning.prog_thread is not None:
+            config.useProgThread = self._tuning.prog_thread
         return self._real.nixlAgent(name, config)
 
 
-def patch_module(module: object, delay_us: int) -> bool:
+def patch_module(module: object, tuning: Tuning) -> bool:
     """Patch an imported ``nixl*._api`` module in place; True when it was patched."""
     bind = getattr(module, "nixlBind", None)
     if bind is None or isinstance(bind, _BindProxy):
         return False
-    module.nixlBind = _BindProxy(bind, delay_us)
+    module.nixlBind = _BindProxy(bind, tuning)
     return True
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, delay_us: int) -> None:
+    def __init__(self, inner: importlib.abc.Loader, tuning: Tuning) -> None:
         self._inner = inner
-        self._delay = delay_us
+        self._tuning = tuning
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module) -> None:
         self._inner.exec_module(module)
-        patch_module(module, self._delay)
+        patch_module(module, self._tuning)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    def __init__(self, delay_us: int) -> None:
-        self._delay = delay_us
+    def __init__(self, tuning: Tuning) -> None:
+        self._tuning = tuning
 
     def find_spec(self, fullname, path, target=None):
         if fullname not in _TARGETS:
@@ -70,23 +103,16 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _Loader(spec.loader, self._delay)
+        spec.loader = _Loader(spec.loader, self._tuning)
         return spec
 
 
 def install() -> None:
-    """Called from the .pth file: arm the import hook when the variable is set."""
-    raw = os.environ.get(ENV, "").strip()
-    if not raw:
-        return
-    try:
-        delay = int(raw)
-    except ValueError:
-        print(f"pdinfra: ignoring {ENV}={raw!r} (not an integer)", file=sys.stderr)
-        return
-    if delay < 0 or any(isinstance(f, _Finder) for f in sys.meta_path):
+    """Called from the .pth file: arm the import hook when a variable is set."""
+    tuning = from_env()
+    if not tuning.active or any(isinstance(f, _Finder) for f in sys.meta_path):
         return
     for name in _TARGETS:
         if name in sys.modules:
-            patch_module(sys.modules[name], delay)
-    sys.meta_path.insert(0, _Finder(delay))
+            patch_module(sys.modules[name], tuning)
+    sys.meta_path.insert(0, _Finder(tuning))

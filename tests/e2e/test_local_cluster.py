@@ -151,6 +151,51 @@ def test_validator_on_each_node_has_no_failure(cluster):
         assert res.returncode == 0 and not fails, (host.name, fails, res.stderr[-2000:])
 
 
+def test_validate_transfer_runs_nixl_between_two_processes_on_a_node(cluster):
+    """DRAM<->DRAM over UCX inside a CPU node (the GPU cases of the same code ran on 2xH200, docs/runs/)."""
+    host = cluster["hosts"][0]
+    res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), "pdinfra", "validate", "--transfer", "--json"],
+              log=f"61-validate-transfer-{host.name}", timeout=600)  # fmt: skip
+    checks = json.loads(res.stdout)
+    measured = [c for c in checks if c["layer"] == "transfer"]
+    assert measured and not [c for c in checks if c["verdict"] == "fail"], (measured, res.stderr[-2000:])
+    assert all("GB/s" in c["evidence"] for c in measured), measured
+
+
+def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
+    """The issue's CI sweep: ISL 256 / OSL 32, concurrency 1/2/4, agg and PD, real `vllm bench serve`."""
+    out, report = tmp_path / "runs", tmp_path / "report"
+    res = run([str(BIN / "pdinfra"), "bench", "run", "--plan", "small", "--out", str(out), "--report", str(report)],
+              log="70-bench", timeout=1200)  # fmt: skip
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    analysis = json.loads((report / "analysis.json").read_text())
+    points = {p.name: json.loads(p.read_text()) for p in (run_dir / "points").glob("*.json")}
+    assert len(points) == 6
+    for name, rec in points.items():
+        result = rec["result"]
+        assert result["completed"] == result["num_prompts"] and result["failed"] == 0, name
+    # The report's numbers are the saved JSON's numbers, and every point states whether it met the SLO.
+    analysed = {p["key"]: p for p in analysis["runs"][0]["points"]}
+    assert set(analysed) == {n.removesuffix(".json") for n in points}
+    for name, rec in points.items():
+        a = analysed[name.removesuffix(".json")]
+        assert a["status"] == "ok" and isinstance(a["meets_slo"], bool), a
+        for metric in ("ttft", "itl", "e2el"):
+            assert a["stats"][metric]["p99"] == pytest.approx(rec["result"][f"p99_{metric}_ms"]), (name, metric)
+    assert analysis["runs"][0]["recommendation"]
+    html = (report / "report.html").read_text()
+    assert "Recommendation" in html and "data:image/png;base64," in html
+    md = (report / "report.md").read_text()
+    assert "| meets SLO |" in md
+    # Re-running the analysis on the saved run gives identical output.
+    again = tmp_path / "again"
+    run([str(BIN / "pdinfra"), "bench", "report", str(run_dir), "--output", str(again)], log="71-bench-report", check=True)
+    assert (again / "report.md").read_text() == md
+
+
 def test_zz_destroy_leaves_nothing_behind(cluster):
     res = run([str(BIN / "pdinfra"), "down"], log="90-down")
     assert res.returncode == 0, res.stdout + res.stderr

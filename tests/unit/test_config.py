@@ -155,3 +155,8 @@ def test_cpu_profile_block_size_must_be_a_multiple_of_32():
 def test_api_key_with_router_is_refused_with_the_reason():
     out = mutate(lambda hv: [hv[h].update(pdinfra_api_key="k") for h in hv])
     assert any(p.startswith("pdinfra_api_key: vllm-router 0.1.17") for p in out), out
+
+
+def test_slo_with_an_unknown_key_names_it():
+    out = mutate(lambda hv: [hv[h].update(pdinfra_slo={"ttft_ms": 2000, "itl_p95_ms": 9}) for h in hv])
+    assert any(p.startswith("pdinfra_slo:") and "itl_p95_ms" in p for p in out), out

@@ -46,7 +46,8 @@ def assert_stopped_before_hosts(res: subprocess.CompletedProcess, needle: str) -
 
 
 def test_unknown_connector(inventory):
-    assert_stopped_before_hosts(site(inventory, "-e", "pdinfra_connector=tcpstore"), "pdinfra_connector: unknown connector 'tcpstore'")
+    res = site(inventory, "-e", "pdinfra_connector=tcpstore")
+    assert_stopped_before_hosts(res, "pdinfra_connector: unknown connector 'tcpstore'")
 
 
 def test_port_collision_on_a_node(inventory):

@@ -1,0 +1,884 @@
+"""From a run directory to numbers: percentiles, throughput per GPU, goodput, SLO attainment, the verdict.
+
+Rules (docs/benchmarking.md explains them):
+
+- A point is *valid* only when its result JSON is there, parses, and every planned request completed
+  (``failed == 0`` and ``completed == num_prompts``). Anything else is reported with its reason and left
+  out of every average, sustained-concurrency and recommendation figure.
+- Latency percentiles are vLLM's own fields (``p99_ttft_ms`` ...); a percentile vLLM did not write is
+  computed from the per-request detail (``--save-detailed``) with numpy's default (linear) interpolation.
+- A request is *good* when it met every per-request bound of the SLO (TTFT, TPOT, E2EL; a request with one
+  output token has TPOT 0), as vLLM's ``--goodput`` counts it; failed requests are not good. Attainment =
+  good / planned requests. A point *meets the SLO* when attainment >= the SLO's target and its pooled ITL
+  P99 is within ``itl_p99_ms``.
+- A layout *sustains* concurrency C when every valid point of that workload up to C meets the SLO.
+- Per workload, the layout with the higher SLO goodput per GPU (best goodput/GPU over the points that meet
+  the SLO) wins; PD must beat aggregated serving by ``pd_margin`` (10 %) to be recommended.
+
+Everything is deterministic: same run directory, same SLO -> identical tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdinfra import kvshape
+from pdinfra.bench.plan import METRICS, PERCENTILES, SLO, BenchEndpoints, BenchPlan, BenchPoint, pct_word
+
+STATS = ("mean", *(f"p{pct_word(p)}" for p in PERCENTILES))  # mean, p50, p90, p99, p99.9
+VALID = "ok"
+DEFAULT_PD_MARGIN = 0.10
+
+
+class BenchDataError(ValueError):
+    """A run directory that cannot be analysed at all (no or bad manifest)."""
+
+
+def percentile(values: Iterable[float], p: float) -> float | None:
+    """``np.percentile(values, p)`` with the default linear interpolation; None for no values."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * p / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+# ----------------------------------------------------------------------------- per-request detail
+@dataclass
+class Detail:
+    """vLLM's per-request arrays (``--save-detailed``), converted to milliseconds."""
+
+    ok: list[bool]
+    ttft_ms: list[float]
+    e2el_ms: list[float]
+    output_lens: list[int]
+    itl_ms: list[float]  # pooled over successful requests, as vLLM pools them
+
+    @property
+    def tpot_ms(self) -> list[float]:
+        """Per successful request with more than one output token (vLLM's TPOT distribution)."""
+        return [
+            (e - t) / (n - 1)
+            for ok, t, e, n in zip(self.ok, self.ttft_ms, self.e2el_ms, self.output_lens, strict=True)
+            if ok and n > 1
+        ]
+
+    def series(self, metric: str) -> list[float]:
+        if metric == "ttft":
+            return [t for ok, t in zip(self.ok, self.ttft_ms, strict=True) if ok]
+        if metric == "e2el":
+            return [e for ok, e in zip(self.ok, self.e2el_ms, strict=True) if ok]
+        if metric == "tpot":
+            return self.tpot_ms
+        return self.itl_ms
+
+    def good(self, bounds: dict[str, float]) -> int:
+        """Requests that met every bound (vLLM's goodput rule: TPOT counts as 0 with <= 1 output token)."""
+        count = 0
+        for ok, t, e, n in zip(self.ok, self.ttft_ms, self.e2el_ms, self.output_lens, strict=True):
+            if not ok:
+                continue
+            values = {"ttft": t, "e2el": e, "tpot": (e - t) / (n - 1) if n > 1 else 0.0}
+            if all(values[k] <= v for k, v in bounds.items()):
+                count += 1
+        return count
+
+    @classmethod
+    def from_result(cls, res: dict[str, Any]) -> Detail | None:
+        ttfts, itls, outs = res.get("ttfts"), res.get("itls"), res.get("output_lens")
+        if not (isinstance(ttfts, list) and isinstance(itls, list) and isinstance(outs, list)):
+            return None
+        n = len(ttfts)
+        if len(itls) != n or len(outs) != n or n == 0:
+            return None
+        errors = res.get("errors")
+        lat = res.get("latencies")
+        try:
+            if isinstance(errors, list) and len(errors) == n:
+                ok = [not e for e in errors]
+            else:
+                ok = [int(o) > 0 for o in outs]
+            if isinstance(lat, list) and len(lat) == n:
+                e2el = [float(x) * 1000 for x in lat]
+            else:
+                e2el = [(float(t) + sum(float(x) for x in i)) * 1000 for t, i in zip(ttfts, itls, strict=True)]
+            pooled = [float(x) * 1000 for good, i in zip(ok, itls, strict=True) if good for x in i]
+            return cls(
+                ok=ok,
+                ttft_ms=[float(t) * 1000 for t in ttfts],
+                e2el_ms=e2el,
+                output_lens=[int(o) for o in outs],
+                itl_ms=pooled,
+            )
+        except (TypeError, ValueError):
+            return None
+
+
+# ----------------------------------------------------------------------------- one point
+@dataclass(frozen=True, order=True)
+class Workload:
+    input_len: int
+    output_len: int
+    prefix_len: int = 0
+    request_rate: float = math.inf
+
+    @property
+    def label(self) -> str:
+        text = f"ISL {self.input_len} / OSL {self.output_len}"
+        if self.prefix_len:
+            text += f", prefix {self.prefix_len}"
+        if math.isfinite(self.request_rate):
+            text += f", {self.request_rate:g} req/s"
+        return text
+
+    @property
+    def slug(self) -> str:
+        return self.label.replace(" / ", "-").replace(", ", "-").replace(" ", "").replace("/", "").lower()
+
+    @classmethod
+    def of(cls, p: BenchPoint) -> Workload:
+        return cls(p.input_len, p.output_len, p.prefix_len, p.request_rate)
+
+
+@dataclass
+class PointResult:
+    key: str
+    point: BenchPoint
+    gpus: int
+    status: str = VALID
+    reason: str = ""
+    seed: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+    duration_s: float | None = None
+    stats: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    stats_source: str = ""
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    good: int | None = None
+    goodput_rps: float | None = None
+    goodput_source: str = ""
+    attainment: float | None = None
+    meets_slo: bool | None = None
+    violations: list[str] = field(default_factory=list)
+    server: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> bool:
+        return self.status == VALID
+
+    @property
+    def output_tps_per_gpu(self) -> float | None:
+        return None if self.output_throughput is None else self.output_throughput / self.gpus
+
+    @property
+    def output_tps_per_user(self) -> float | None:
+        """Tokens/s one user sees while decoding: 1000 / mean TPOT."""
+        tpot = self.stat("tpot", "mean")
+        return 1000.0 / tpot if tpot else None
+
+    @property
+    def goodput_per_gpu(self) -> float | None:
+        return None if self.goodput_rps is None else self.goodput_rps / self.gpus
+
+    def stat(self, metric: str, which: str) -> float | None:
+        return self.stats.get(metric, {}).get(which)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "point": self.point.to_dict(),
+            "gpus": self.gpus,
+            "status": self.status,
+            "reason": self.reason,
+            "seed": self.seed,
+            "completed": self.completed,
+            "failed": self.failed,
+            "duration_s": self.duration_s,
+            "stats": self.stats,
+            "stats_source": self.stats_source,
+            "request_throughput": self.request_throughput,
+            "output_throughput": self.output_throughput,
+            "output_tps_per_gpu": self.output_tps_per_gpu,
+            "output_tps_per_user": self.output_tps_per_user,
+            "good": self.good,
+            "goodput_rps": self.goodput_rps,
+            "goodput_source": self.goodput_source,
+            "goodput_per_gpu": self.goodput_per_gpu,
+            "attainment": self.attainment,
+            "meets_slo": self.meets_slo,
+            "violations": self.violations,
+            "server": self.server,
+        }
+
+
+def _sum_role(instances: dict[str, Any], roles: tuple[str, ...], section: str, key: str) -> float | None:
+    vals = [
+        _num(inst.get(section, {}).get(key))
+        for inst in instances.values()
+        if inst.get("role") in roles and _num(inst.get(section, {}).get(key)) is not None
+    ]
+    return sum(v for v in vals if v is not None) if vals else None
+
+
+def _peak_role(instances: dict[str, Any], role: str, key: str) -> float | None:
+    vals = [
+        _num(inst.get("during", {}).get("peak", {}).get(key)) for inst in instances.values() if inst.get("role") == role
+    ]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
+def server_summary(record: dict[str, Any], layout: str, completed: int | None) -> dict[str, Any]:
+    """Prefix-cache hit ratio, queue time per role, gauge peaks and NIXL transfer figures of one point."""
+    instances = (record.get("metrics") or {}).get("instances") or {}
+    if not instances:
+        return {}
+    out: dict[str, Any] = {}
+    compute_roles = ("agg",) if layout == "agg" else ("prefill",)
+    queries = _sum_role(instances, compute_roles, "delta", "prefix_cache_queries")
+    hits = _sum_role(instances, compute_roles, "delta", "prefix_cache_hits")
+    out["prefix_hit_ratio"] = hits / queries if queries and hits is not None else None
+    for role in ("agg", "prefill", "decode"):
+        if not any(i.get("role") == role for i in instances.values()):
+            continue
+        qsum = _sum_role(instances, (role,), "delta", "queue_time_s_sum")
+        qcnt = _sum_role(instances, (role,), "delta", "queue_time_s_count")
+        out[f"{role}_queue_ms"] = qsum / qcnt * 1000 if qsum is not None and qcnt else None
+        out[f"{role}_peak_waiting"] = _peak_role(instances, role, "requests_waiting")
+        peak_kv = _peak_role(instances, role, "kv_cache_usage")
+        out[f"{role}_peak_kv_usage"] = peak_kv
+    if layout == "pd":
+        # The decode side pulls the KV cache (NIXL READ), so its counters hold the transfers.
+        xfers = _sum_role(instances, ("decode",), "delta", "nixl_xfer_count")
+        nbytes = _sum_role(instances, ("decode",), "delta", "nixl_bytes")
+        tsum = _sum_role(instances, ("decode",), "delta", "nixl_xfer_time_s_sum")
+        out["nixl_failed"] = _sum_role(instances, ("decode",), "delta", "nixl_failed")
+        out["nixl_transfers"] = xfers
+        out["nixl_bytes"] = nbytes
+        out["nixl_time_s"] = tsum
+        per = completed if completed else None
+        out["nixl_transfers_per_request"] = xfers / per if xfers is not None and per else None
+        out["nixl_bytes_per_request"] = nbytes / per if nbytes is not None and per else None
+        out["nixl_ms_per_request"] = tsum / per * 1000 if tsum is not None and per else None
+        out["nixl_gbps"] = nbytes / tsum / 1e9 if nbytes and tsum else None
+    return out
+
+
+def analyze_point(
+    point: BenchPoint,
+    record: dict[str, Any] | None,
+    *,
+    gpus: int,
+    slo: SLO,
+    run_slo: SLO | None,
+    status: str = VALID,
+    reason: str = "",
+) -> PointResult:
+    """Numbers of one point; ``record`` is the parsed ``points/<key>.json`` (None when unavailable)."""
+    pr = PointResult(key=point.key, point=point, gpus=max(1, gpus), status=status, reason=reason)
+    if record is None:
+        return pr
+    meta = record.get("pdinfra") or {}
+    pr.seed = meta.get("seed")
+    res = record.get("result")
+    if meta.get("error"):
+        pr.status, pr.reason = ("unparsable" if "unparsable" in str(meta["error"]) else "error"), str(meta["error"])
+    elif not isinstance(res, dict):
+        pr.status, pr.reason = "error", "no vLLM result in the point record"
+    if not isinstance(res, dict):
+        return pr
+
+    pr.completed = int(res["completed"]) if _num(res.get("completed")) is not None else None
+    pr.failed = int(res["failed"]) if _num(res.get("failed")) is not None else None
+    pr.duration_s = _num(res.get("duration"))
+    pr.request_throughput = _num(res.get("request_throughput"))
+    pr.output_throughput = _num(res.get("output_throughput"))
+    detail = Detail.from_result(res)
+    if pr.failed is None and detail is not None:
+        pr.failed = sum(1 for ok in detail.ok if not ok)
+
+    if pr.status == VALID:
+        if pr.completed is None:
+            pr.status, pr.reason = "error", "result has no 'completed' count"
+        elif pr.completed == 0:
+            pr.status, pr.reason = "failed", f"0 of {point.num_prompts} requests completed"
+        elif (pr.failed or 0) > 0 or pr.completed < point.num_prompts:
+            errs = sorted({str(e) for e in res.get("errors") or [] if e})
+            pr.status = "partial"
+            pr.reason = f"{pr.completed} of {point.num_prompts} completed, {pr.failed or 0} failed" + (
+                f" ({errs[0][:120]})" if errs else ""
+            )
+
+    sources = set()
+    for metric in METRICS:
+        row: dict[str, float | None] = {}
+        series = detail.series(metric) if detail else []
+        for which in STATS:
+            key = f"{which}_{metric}_ms"
+            value = _num(res.get(key))
+            if value is None and which == "p50":
+                value = _num(res.get(f"median_{metric}_ms"))
+            if value is not None:
+                sources.add("vllm")
+            elif series:
+                value = _mean(series) if which == "mean" else percentile(series, float(which[1:]))
+                sources.add("detail")
+            row[which] = value
+        pr.stats[metric] = row
+    pr.stats_source = "+".join(sorted(sources))
+
+    bounds = slo.request_bounds
+    same_slo = run_slo is not None and run_slo.request_bounds == bounds
+    vllm_goodput = _num(res.get("request_goodput"))
+    if not bounds:
+        pr.good = pr.completed
+        pr.goodput_rps = pr.request_throughput
+        pr.goodput_source = "no per-request bound: completed requests"
+    elif same_slo and vllm_goodput is not None:
+        pr.goodput_rps = vllm_goodput
+        pr.goodput_source = "vllm request_goodput"
+        pr.good = detail.good(bounds) if detail else round(vllm_goodput * pr.duration_s) if pr.duration_s else None
+    elif detail is not None and pr.duration_s:
+        pr.good = detail.good(bounds)
+        pr.goodput_rps = pr.good / pr.duration_s
+        pr.goodput_source = "per-request detail"
+    if pr.good is not None:
+        pr.attainment = pr.good / point.num_prompts
+
+    if pr.valid:
+        pr.meets_slo, pr.violations = judge(pr, slo)
+    pr.server = server_summary(record, point.layout, pr.completed)
+    return pr
+
+
+def judge(pr: PointResult, slo: SLO) -> tuple[bool | None, list[str]]:
+    """Whether a valid point meets the SLO, and the reasons it does not."""
+    violations = []
+    unknown = False
+    if slo.request_bounds:
+        if pr.attainment is None:
+            unknown = True
+            violations.append("attainment unknown (no per-request detail and no vLLM goodput)")
+        elif pr.attainment < slo.attainment:
+            violations.append(f"attainment {pr.attainment * 100:.1f}% < {slo.attainment * 100:g}%")
+    if slo.itl_p99_ms is not None:
+        itl = pr.stat("itl", "p99")
+        if itl is None:
+            unknown = True
+            violations.append("ITL P99 unknown")
+        elif itl > slo.itl_p99_ms:
+            violations.append(f"ITL P99 {itl:.2f} ms > {slo.itl_p99_ms:g} ms")
+    definite = [v for v in violations if "unknown" not in v]
+    if definite:
+        return False, violations
+    return (None if unknown else True), violations
+
+
+# ----------------------------------------------------------------------------- the run
+@dataclass
+class Cell:
+    """The repeats of one (workload, layout, concurrency): averages over the valid ones only."""
+
+    workload: Workload
+    layout: str
+    concurrency: int
+    points: list[PointResult]
+
+    @property
+    def valid(self) -> list[PointResult]:
+        return [p for p in self.points if p.valid]
+
+    def avg(self, getter: Any) -> float | None:
+        vals = [getter(p) for p in self.valid]
+        vals = [v for v in vals if v is not None]
+        return _mean(vals)
+
+    def stat(self, metric: str, which: str) -> float | None:
+        return self.avg(lambda p: p.stat(metric, which))
+
+    @property
+    def meets_slo(self) -> bool | None:
+        verdicts = [p.meets_slo for p in self.valid]
+        if not verdicts or any(v is None for v in verdicts):
+            return None
+        return all(verdicts)
+
+    @property
+    def goodput_per_gpu(self) -> float | None:
+        return self.avg(lambda p: p.goodput_per_gpu)
+
+    @property
+    def output_tps_per_gpu(self) -> float | None:
+        return self.avg(lambda p: p.output_tps_per_gpu)
+
+
+@dataclass
+class LayoutSummary:
+    layout: str
+    gpus: int
+    sustained_concurrency: int | None
+    best_goodput_per_gpu: float | None
+    best_at: int | None
+    tps_per_gpu_at_best: float | None
+    first_failing: int | None
+    invalid: list[str]
+
+
+@dataclass
+class HeadToHead:
+    concurrency: int
+    winner: str  # agg | pd | tie | neither | n/a
+    why: str
+
+
+@dataclass
+class WorkloadVerdict:
+    workload: Workload
+    layouts: dict[str, LayoutSummary]
+    rows: list[HeadToHead]
+    winner: str  # agg | pd | none | only-<layout>
+    reason: str
+    pd_gain: float | None  # PD's SLO goodput/GPU over agg's
+
+
+@dataclass
+class RatioAdvice:
+    current: str
+    suggested: str
+    bottleneck: str  # prefill | decode | balanced | unknown
+    evidence: list[str]
+
+
+@dataclass
+class KVBudget:
+    workload: Workload
+    model_shape: str | None
+    bytes_per_token: int | None
+    predicted_bytes: int | None
+    predicted_bytes_blocks: int | None
+    measured_bytes: float | None
+    measured_transfers: float | None
+    measured_ms: float | None
+    measured_gbps: float | None
+    ttft_p50_ms: float | None
+    points: int
+
+
+@dataclass
+class Recommendation:
+    layout: str  # agg | pd | mixed | none
+    text: str
+    per_workload: list[WorkloadVerdict]
+    ratio: RatioAdvice | None
+
+
+@dataclass
+class RunAnalysis:
+    run_dir: Path
+    manifest: dict[str, Any]
+    plan: BenchPlan
+    slo: SLO
+    endpoints: BenchEndpoints
+    points: list[PointResult]
+    cells: list[Cell]
+    recommendation: Recommendation
+    kv: list[KVBudget]
+    pd_margin: float
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest.get("run_id", self.run_dir.name))
+
+    @property
+    def broken(self) -> list[PointResult]:
+        return [p for p in self.points if not p.valid]
+
+    @property
+    def workloads(self) -> list[Workload]:
+        return sorted({c.workload for c in self.cells})
+
+    def cell(self, workload: Workload, layout: str, concurrency: int) -> Cell | None:
+        for c in self.cells:
+            if c.workload == workload and c.layout == layout and c.concurrency == concurrency:
+                return c
+        return None
+
+    def gpus(self, layout: str) -> int:
+        lay = self.endpoints.layouts.get(layout)
+        return lay.total_gpus if lay else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        rec = self.recommendation
+        return {
+            "run_id": self.run_id,
+            "slo": self.slo.to_dict(),
+            "pd_margin": self.pd_margin,
+            "points": [p.to_dict() for p in self.points],
+            "recommendation": {
+                "layout": rec.layout,
+                "text": rec.text,
+                "ratio": asdict(rec.ratio) if rec.ratio else None,
+                "workloads": [
+                    {
+                        "workload": asdict(v.workload) | {"request_rate": _rate_json(v.workload.request_rate)},
+                        "winner": v.winner,
+                        "reason": v.reason,
+                        "pd_gain": v.pd_gain,
+                        "layouts": {k: asdict(s) for k, s in sorted(v.layouts.items())},
+                        "head_to_head": [asdict(r) for r in v.rows],
+                    }
+                    for v in rec.per_workload
+                ],
+            },
+            "kv_budget": [
+                asdict(k) | {"workload": asdict(k.workload) | {"request_rate": _rate_json(k.workload.request_rate)}}
+                for k in self.kv
+            ],
+        }
+
+
+def _rate_json(rate: float) -> float | str:
+    return "inf" if math.isinf(rate) else rate
+
+
+def load_json(path: Path) -> tuple[Any, str | None]:
+    try:
+        return json.loads(path.read_text()), None
+    except FileNotFoundError:
+        return None, "missing"
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"unparsable: {exc}"
+
+
+def _sort_key(p: BenchPoint) -> tuple:
+    return (Workload.of(p), p.layout, p.max_concurrency, p.repeat)
+
+
+def analyze_run(run_dir: Path, slo: SLO | None = None, pd_margin: float = DEFAULT_PD_MARGIN) -> RunAnalysis:
+    """Analyse a run directory. ``slo`` overrides the SLO the run recorded (goodput is then recomputed
+    from the per-request detail)."""
+    run_dir = Path(run_dir)
+    manifest, err = load_json(run_dir / "manifest.json")
+    if err or not isinstance(manifest, dict) or manifest.get("kind") != "pdinfra-bench-run":
+        raise BenchDataError(f"{run_dir}: not a pdinfra bench run ({err or 'no pdinfra-bench-run manifest.json'})")
+    plan = BenchPlan.from_dict(manifest["plan"])
+    run_slo = SLO.from_dict(manifest.get("slo"))
+    slo = slo or run_slo
+    endpoints = BenchEndpoints.from_dict(manifest["endpoints"])
+    entries = manifest.get("points") or [{"key": p.key, "point": p.to_dict()} for p in plan.points()]
+
+    results = []
+    for entry in entries:
+        point = BenchPoint.from_dict(entry["point"])
+        lay = endpoints.layouts.get(point.layout)
+        gpus = lay.total_gpus if lay else 1
+        path = run_dir / str(entry.get("file") or f"points/{point.key}.json")
+        record, err = load_json(path)
+        kwargs = {"gpus": gpus, "slo": slo, "run_slo": run_slo}
+        if err == "missing":
+            pr = analyze_point(point, None, status="missing", reason=f"no {path.relative_to(run_dir)}", **kwargs)
+        elif err or not isinstance(record, dict):
+            why = err or "not a JSON object"
+            pr = analyze_point(point, None, status="unparsable", reason=f"{path.relative_to(run_dir)}: {why}", **kwargs)
+        else:
+            pr = analyze_point(point, record, **kwargs)
+        pr.seed = pr.seed if pr.seed is not None else entry.get("seed")
+        results.append(pr)
+    results.sort(key=lambda p: _sort_key(p.point))
+
+    groups: dict[tuple, list[PointResult]] = {}
+    for pr in results:
+        groups.setdefault((Workload.of(pr.point), pr.point.layout, pr.point.max_concurrency), []).append(pr)
+    cells = [Cell(w, lay, c, pts) for (w, lay, c), pts in sorted(groups.items())]
+
+    ra = RunAnalysis(
+        run_dir=run_dir,
+        manifest=manifest,
+        plan=plan,
+        slo=slo,
+        endpoints=endpoints,
+        points=results,
+        cells=cells,
+        recommendation=Recommendation("none", "", [], None),
+        kv=[],
+        pd_margin=pd_margin,
+    )
+    ra.recommendation = recommend(ra)
+    ra.kv = kv_budgets(ra)
+    return ra
+
+
+# ----------------------------------------------------------------------------- verdicts
+def summarize_layout(ra: RunAnalysis, workload: Workload, layout: str) -> LayoutSummary:
+    cells = sorted((c for c in ra.cells if c.workload == workload and c.layout == layout), key=lambda c: c.concurrency)
+    sustained = None
+    first_failing = None
+    best, best_at, tps_at = None, None, None
+    for c in cells:
+        if not c.valid:
+            continue
+        if c.meets_slo is not True:
+            first_failing = c.concurrency
+            break
+        sustained = c.concurrency
+        gpg = c.goodput_per_gpu
+        if gpg is not None and (best is None or gpg > best):
+            best, best_at, tps_at = gpg, c.concurrency, c.output_tps_per_gpu
+    invalid = [p.key for c in cells for p in c.points if not p.valid]
+    return LayoutSummary(layout, ra.gpus(layout), sustained, best, best_at, tps_at, first_failing, invalid)
+
+
+def _head_to_head(agg: Cell | None, pd: Cell | None, margin: float) -> tuple[str, str]:
+    if agg is None or pd is None or not agg.valid or not pd.valid:
+        return "n/a", "a layout has no valid data at this concurrency"
+    am, pm = agg.meets_slo, pd.meets_slo
+    if am and not pm:
+        return "agg", "only agg meets the SLO"
+    if pm and not am:
+        return "pd", "only PD meets the SLO"
+    if not am and not pm:
+        return "neither", "neither meets the SLO"
+    a, p = agg.goodput_per_gpu, pd.goodput_per_gpu
+    if a is None or p is None or a <= 0:
+        return "tie", "both meet the SLO; goodput per GPU unknown"
+    ratio = p / a
+    if ratio >= 1 + margin:
+        return "pd", f"both meet the SLO; PD goodput/GPU x{ratio:.2f}"
+    if ratio <= 1 / (1 + margin):
+        return "agg", f"both meet the SLO; PD goodput/GPU x{ratio:.2f}"
+    return "tie", f"both meet the SLO; PD goodput/GPU x{ratio:.2f} (within {margin * 100:g}%)"
+
+
+def verdict_for(ra: RunAnalysis, workload: Workload) -> WorkloadVerdict:
+    layouts = {lay: summarize_layout(ra, workload, lay) for lay in ra.plan.layouts}
+    concs = sorted({c.concurrency for c in ra.cells if c.workload == workload})
+    rows = []
+    for conc in concs:
+        w, why = _head_to_head(ra.cell(workload, "agg", conc), ra.cell(workload, "pd", conc), ra.pd_margin)
+        rows.append(HeadToHead(conc, w, why))
+    agg, pd = layouts.get("agg"), layouts.get("pd")
+    gain = None
+    if agg is None or pd is None:
+        only = next(iter(layouts))
+        s = layouts[only]
+        winner = f"only-{only}"
+        reason = f"only {only} was measured; it sustains concurrency {s.sustained_concurrency or 0} within the SLO"
+        return WorkloadVerdict(workload, layouts, rows, winner, reason, None)
+
+    # Compare like with like: only concurrencies where both layouts have valid data.
+    common = [
+        c for c in concs if all((cell := ra.cell(workload, lay, c)) is not None and cell.valid for lay in ("agg", "pd"))
+    ]
+    note = ""
+    if len(common) < len(concs):
+        note = (
+            "; compared at concurrency " + ", ".join(map(str, common)) + " only (where both layouts have valid data)"
+            if common
+            else "; no concurrency has valid data for both layouts, each layout's own best is compared"
+        )
+    best = {lay: _best_within(ra, workload, layouts[lay], common or concs) for lay in ("agg", "pd")}
+    a, p = best["agg"][0], best["pd"][0]
+
+    def desc(s: LayoutSummary) -> str:
+        value, at = best[s.layout]
+        if value is None:
+            return f"{s.layout} meets the SLO at no compared concurrency"
+        return (
+            f"{s.layout} sustains concurrency {s.sustained_concurrency} on {s.gpus} GPUs, "
+            f"best SLO goodput {value:.3f} req/s/GPU at concurrency {at}"
+        )
+
+    if a is None and p is None:
+        winner, reason = "none", "neither layout meets the SLO at any measured concurrency"
+    elif a is None:
+        winner, reason = "pd", f"{desc(pd)}; {desc(agg)}"
+    elif p is None:
+        winner, reason = "agg", f"{desc(agg)}; {desc(pd)}"
+    else:
+        gain = p / a if a > 0 else None
+        if gain is not None and gain >= 1 + ra.pd_margin:
+            winner = "pd"
+            reason = f"{desc(pd)}; {desc(agg)}; PD gains x{gain:.2f}"
+        else:
+            winner = "agg"
+            more = f"x{gain:.2f}" if gain is not None else "n/a"
+            reason = (
+                f"{desc(agg)}; {desc(pd)}; PD gains {more}, below the {ra.pd_margin * 100:g}% margin "
+                "that pays for the extra moving part"
+            )
+    return WorkloadVerdict(workload, layouts, rows, winner, reason + note, gain)
+
+
+def _best_within(
+    ra: RunAnalysis, workload: Workload, s: LayoutSummary, concs: list[int]
+) -> tuple[float | None, int | None]:
+    """Best goodput/GPU over the given concurrencies that the layout sustains (the contiguous rule)."""
+    best: tuple[float | None, int | None] = (None, None)
+    if s.sustained_concurrency is None:
+        return best
+    for conc in concs:
+        cell = ra.cell(workload, s.layout, conc)
+        if cell is None or conc > s.sustained_concurrency or cell.meets_slo is not True:
+            continue
+        gpg = cell.goodput_per_gpu
+        if gpg is not None and (best[0] is None or gpg > best[0]):
+            best = (gpg, conc)
+    return best
+
+
+def ratio_advice(ra: RunAnalysis) -> RatioAdvice | None:
+    """Which side of PD to grow next, judged at PD's limiting point of each workload."""
+    lay = ra.endpoints.layouts.get("pd")
+    if lay is None or not any(c.layout == "pd" and c.valid for c in ra.cells):
+        return None
+    n_p, n_d = max(1, lay.count("prefill")), max(1, lay.count("decode"))
+    current = f"{n_p}:{n_d}"
+    prefill_votes, decode_votes = 0.0, 0.0
+    evidence = []
+    for w in ra.workloads:
+        cells = sorted(
+            (c for c in ra.cells if c.workload == w and c.layout == "pd" and c.valid), key=lambda c: c.concurrency
+        )
+        if not cells:
+            continue
+        limit = next((c for c in cells if c.meets_slo is False), cells[-1])
+        ttft, itl, tpot = limit.stat("ttft", "p99"), limit.stat("itl", "p99"), limit.stat("tpot", "p99")
+        pre = ttft / ra.slo.ttft_ms if ttft is not None and ra.slo.ttft_ms else None
+        dec_parts = []
+        if itl is not None and ra.slo.itl_p99_ms:
+            dec_parts.append(itl / ra.slo.itl_p99_ms)
+        if tpot is not None and ra.slo.tpot_ms:
+            dec_parts.append(tpot / ra.slo.tpot_ms)
+        dec = max(dec_parts) if dec_parts else None
+        q_pre = limit.avg(lambda p: p.server.get("prefill_queue_ms"))
+        q_dec = limit.avg(lambda p: p.server.get("decode_queue_ms"))
+        bits = [f"{w.label} at concurrency {limit.concurrency}"]
+        if pre is not None:
+            bits.append(f"TTFT P99 {ttft:.1f} ms = {pre:.2f}x its bound")
+        if dec is not None:
+            bits.append(f"decode-side latency {dec:.2f}x its bound (ITL P99 {_f(itl)} ms, TPOT P99 {_f(tpot)} ms)")
+        if q_pre is not None or q_dec is not None:
+            bits.append(f"mean queue time prefill {_f(q_pre)} ms, decode {_f(q_dec)} ms")
+        evidence.append("; ".join(bits))
+        if pre is not None and dec is not None:
+            if pre > dec:
+                prefill_votes += pre - dec
+            else:
+                decode_votes += dec - pre
+        elif q_pre is not None and q_dec is not None:
+            if q_pre > q_dec:
+                prefill_votes += 1
+            elif q_dec > q_pre:
+                decode_votes += 1
+    worst_pressure_ok = all(c.meets_slo for c in ra.cells if c.layout == "pd" and c.valid)
+    if prefill_votes == 0 and decode_votes == 0:
+        return RatioAdvice(
+            current, current, "unknown", evidence or ["no SLO bound or queue metric to tell the sides apart"]
+        )
+    if worst_pressure_ok and max(prefill_votes, decode_votes) < 0.5:
+        return RatioAdvice(current, current, "balanced", evidence + ["PD meets the SLO at every measured point"])
+    if prefill_votes > decode_votes:
+        suggested = f"{n_p + 1}:{n_d - 1}" if n_d > 1 else f"{n_p + 1}:{n_d}"
+        return RatioAdvice(current, suggested, "prefill", evidence)
+    suggested = f"{n_p - 1}:{n_d + 1}" if n_p > 1 else f"{n_p}:{n_d + 1}"
+    return RatioAdvice(current, suggested, "decode", evidence)
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def recommend(ra: RunAnalysis) -> Recommendation:
+    verdicts = [verdict_for(ra, w) for w in ra.workloads]
+    ratio = ratio_advice(ra)
+
+    def won(v: WorkloadVerdict) -> str:
+        return v.winner.removeprefix("only-")
+
+    winners = {won(v) for v in verdicts}
+    if not verdicts:
+        layout, text = "none", "no valid point: nothing to recommend"
+    elif winners == {"none"}:
+        layout = "none"
+        text = "neither layout meets the SLO at any measured concurrency: relax the SLO or add GPUs"
+    elif len(ra.plan.layouts) == 1:
+        layout = ra.plan.layouts[0]
+        text = f"only {layout} was measured, nothing to compare it with; it meets the SLO on " + ", ".join(
+            v.workload.label for v in verdicts if won(v) == layout
+        )
+    elif winners <= {"pd", "none"}:
+        layout = "pd"
+        text = "PD disaggregation: it serves more requests per GPU within the SLO on " + ", ".join(
+            v.workload.label for v in verdicts if won(v) == "pd"
+        )
+    elif winners <= {"agg", "none"}:
+        layout = "agg"
+        text = "aggregated serving: PD does not serve enough more requests per GPU within the SLO on " + ", ".join(
+            v.workload.label for v in verdicts if won(v) == "agg"
+        )
+    else:
+        layout = "mixed"
+        parts = [f"{v.workload.label}: {v.winner}" for v in verdicts]
+        text = "it depends on the workload (" + "; ".join(parts) + ")"
+    if ratio and ratio.suggested != ratio.current and layout in ("pd", "mixed", "none"):
+        text += f"; try prefill:decode {ratio.suggested} next (now {ratio.current}, {ratio.bottleneck}-bound)"
+    return Recommendation(layout, text, verdicts, ratio)
+
+
+def kv_budgets(ra: RunAnalysis) -> list[KVBudget]:
+    """Per PD workload: the KV bytes a request must move (model geometry) and what NIXL measured."""
+    if "pd" not in ra.plan.layouts:
+        return []
+    shape = None
+    if ra.endpoints.model_shape:
+        try:
+            shape = kvshape.get_shape(ra.endpoints.model_shape)
+        except KeyError:
+            shape = None
+    tp = max(1, ra.endpoints.tp)
+    out = []
+    for w in ra.workloads:
+        pts = [p for p in ra.points if p.valid and p.point.layout == "pd" and Workload.of(p.point) == w]
+        bpt = kvshape.bytes_per_token(shape, tp) * tp if shape else None
+        blocks = kvshape.request_bytes(shape, w.input_len, ra.endpoints.block_size, tp) * tp if shape else None
+
+        def avg(key: str, pts: list[PointResult] = pts) -> float | None:
+            return _mean([v for v in (_num(p.server.get(key)) for p in pts) if v is not None])
+
+        out.append(
+            KVBudget(
+                workload=w,
+                model_shape=shape.name if shape else ra.endpoints.model_shape,
+                bytes_per_token=bpt,
+                predicted_bytes=bpt * w.input_len if bpt else None,
+                predicted_bytes_blocks=blocks,
+                measured_bytes=avg("nixl_bytes_per_request"),
+                measured_transfers=avg("nixl_transfers_per_request"),
+                measured_ms=avg("nixl_ms_per_request"),
+                measured_gbps=avg("nixl_gbps"),
+                ttft_p50_ms=_mean([v for v in (p.stat("ttft", "p50") for p in pts) if v is not None]),
+                points=len(pts),
+            )
+        )
+    return out

@@ -1,0 +1,109 @@
+"""`pdinfra bench` against a deployed cluster: endpoints from the inventory, `vllm bench serve` on the router node.
+
+The client runs on the router host, inside the serving venv (vLLM is there; the controller needs none), through
+Ansible ad-hoc commands, so whatever connection the inventory declares (SSH keys, users, bastions) is used as
+is. Each result JSON is fetched back to the controller. Server metrics are read from the controller over HTTP.
+
+Layouts on the same hardware:
+- ``pd``: the router (prefill instances -> NIXL -> decode instances);
+- ``agg``: the decode instances served directly, each an ordinary vLLM server doing its own prefill and
+  decode (the aggregated layout on the decode instances' GPUs). Sweeping agg on *all* GPUs needs the
+  cluster redeployed in the aggregated layout; the run manifest records which GPUs each layout used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from pdinfra.bench.plan import BenchEndpoints, BenchPoint, Instance, LayoutEndpoint
+from pdinfra.inventory import Inventory, ansible_bin
+from pdinfra.paths import REPO
+
+
+class LiveBenchError(RuntimeError):
+    pass
+
+
+def _addr(hv: dict[str, Any], host: str) -> str:
+    return str(hv.get("pdinfra_address") or hv.get("ansible_host") or host).split("/")[0]
+
+
+def endpoints_from_inventory(inv: Inventory) -> tuple[BenchEndpoints, str]:
+    """(endpoints, router host name) for the cluster an inventory describes."""
+    cluster, routers = inv.group("pd_cluster"), inv.group("router")
+    if not cluster or not routers:
+        raise LiveBenchError(f"{inv.source}: needs hosts in groups pd_cluster and router")
+    instances: list[Instance] = []
+    for h in cluster:
+        hv = inv.hostvars[h]
+        for i in hv.get("pdinfra_instances", []) or []:
+            gpus = max(1, len(i.get("gpus", []) or []), int(i.get("tensor_parallel_size", 1)))
+            instances.append(Instance(str(i["name"]), str(i["role"]), f"http://{_addr(hv, h)}:{int(i['port'])}", gpus))
+    router = routers[0]
+    rv = inv.hostvars[router]
+    router_url = f"http://{_addr(rv, router)}:{int(rv.get('pdinfra_router_port', 8000))}"
+    decode = tuple(i for i in instances if i.role == "decode")
+    first = inv.hostvars[cluster[0]]
+    model = first.get("pdinfra_model") or {}
+    profile = str(first.get("pdinfra_profile", "gpu"))
+    layouts = {
+        "pd": LayoutEndpoint("pd", router_url, tuple(instances)),
+        "agg": LayoutEndpoint("agg", decode[0].url, tuple(Instance(i.name, "agg", i.url, i.gpus) for i in decode[:1])),
+    }
+    path = str(model.get("path") or f"/opt/pdinfra/models/{model.get('name', 'model')}")
+    endpoints = BenchEndpoints(
+        model=str(model.get("name", "model")),
+        tokenizer=path,
+        layouts=layouts,
+        model_shape="tiny" if model.get("source") == "tiny" else model.get("shape"),
+        block_size=int(first.get("pdinfra_block_size", 32 if profile == "cpu" else 64)),
+    )
+    return endpoints, router
+
+
+class AnsibleExecutor:
+    """Runs argv on one inventory host with Ansible and fetches the result JSON it names."""
+
+    def __init__(self, inventory: Path, host: str, local_dir: Path, timeout_s: float = 3600) -> None:
+        self.inventory, self.host, self.local_dir, self.timeout_s = inventory, host, local_dir, timeout_s
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+
+    def _ansible(self, module: str, args: dict[str, Any]) -> dict[str, Any]:
+        """One ad-hoc module run on the host; its result as Ansible's tree callback saved it."""
+        with tempfile.TemporaryDirectory(prefix="pdinfra-bench-") as tree:
+            env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                       ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_CALLBACKS_ENABLED="tree",
+                       ANSIBLE_CALLBACK_TREE_DIR=tree)  # fmt: skip
+            cmd = [ansible_bin("ansible"), "-i", str(self.inventory), self.host, "-m", module, "-a", json.dumps(args)]
+            res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=self.timeout_s)
+            try:
+                return json.loads((Path(tree) / self.host).read_text())
+            except (OSError, ValueError):
+                return {"failed": True, "msg": (res.stdout + res.stderr)[-2000:]}
+
+    def __call__(self, argv: list[str], point: BenchPoint) -> Path:
+        remote_dir = argv[argv.index("--result-dir") + 1]
+        name = argv[argv.index("--result-filename") + 1]
+        mk = self._ansible("ansible.builtin.file", {"path": remote_dir, "state": "directory"})
+        if mk.get("failed"):
+            raise LiveBenchError(f"{self.host}: cannot create {remote_dir}: {mk.get('msg')}")
+        out = self._ansible("ansible.builtin.command", {"argv": argv})
+        if out.get("failed") or out.get("rc", 1) != 0:
+            tail = (str(out.get("stdout", "")) + "\n" + str(out.get("stderr", "") or out.get("msg", "")))[-2500:]
+            raise LiveBenchError(f"vllm bench serve failed on {self.host} (rc={out.get('rc')}):\n{tail}")
+        dest = self.local_dir / name
+        got = self._ansible("ansible.builtin.fetch", {"src": f"{remote_dir}/{name}", "dest": str(dest), "flat": True})
+        if got.get("failed") or not dest.exists():
+            raise LiveBenchError(f"{self.host}: could not fetch {remote_dir}/{name}: {got.get('msg')}")
+        return dest
+
+
+def http_scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return resp.read().decode()

@@ -1,0 +1,389 @@
+"""The benchmark sweep: which points ``pdinfra bench`` runs, with which seed, against which SLO.
+
+A *point* is one ``vllm bench serve`` run: one layout (``agg``: aggregated instances, ``pd``: prefill/decode
+disaggregated behind the router), one workload (random prompts of ``input_len`` tokens, ``output_len`` tokens
+generated with EOS ignored) and one load (``max_concurrency`` requests in flight, ``num_prompts`` requests,
+all created at t=0 by default). The default plan is the seeds' design: ISL 1024 and 8192, OSL 1024,
+concurrency 1, 2, 4, 8, 16, 32 on both layouts, 10 prompts per unit of concurrency.
+
+Every run draws fresh prompts: a point's seed is derived from the run id and the point, so two runs (or two
+points of one run) never send the same random prompts and never measure a warm prefix cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+LAYOUTS = ("agg", "pd")
+
+#: The percentiles pdinfra asks vLLM for; the result JSON then holds ``p50_ttft_ms`` ... ``p99.9_e2el_ms``.
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+#: The per-request metrics vLLM reports percentiles of (``--percentile-metrics``).
+METRICS = ("ttft", "tpot", "itl", "e2el")
+#: ``--goodput`` accepts only these keys (vllm/benchmarks/serve.py ``check_goodput_args``).
+GOODPUT_KEYS = ("ttft", "tpot", "e2el")
+
+
+def fmt_num(value: float) -> str:
+    """A number as a command-line argument: ``2000.0`` -> ``2000``, ``0.5`` -> ``0.5``, inf -> ``inf``."""
+    if math.isinf(value):
+        return "inf"
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def pct_word(p: float) -> str:
+    """How vLLM spells a percentile in a result key: 99.0 -> '99', 99.9 -> '99.9'."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def _rate(value: Any) -> float:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("inf", "infinity", "")):
+        return math.inf
+    rate = float(value)
+    if rate <= 0:
+        raise ValueError(f"request_rate must be > 0 or 'inf', got {value!r}")
+    return rate
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """One ``vllm bench serve`` run."""
+
+    layout: str
+    input_len: int
+    output_len: int
+    max_concurrency: int
+    num_prompts: int
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    prefix_len: int = 0
+    range_ratio: float = 0.0
+    repeat: int = 0
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        for name in ("input_len", "output_len", "max_concurrency", "num_prompts"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= self.prefix_len < self.input_len:
+            raise ValueError(f"prefix_len must be in [0, input_len), got {self.prefix_len}")
+        if self.burstiness <= 0:
+            raise ValueError("burstiness must be > 0")
+        if not 0 <= self.range_ratio < 1:
+            raise ValueError("range_ratio must be in [0, 1)")
+
+    @property
+    def key(self) -> str:
+        """A stable file-name-safe name, e.g. ``pd-isl8192-osl1024-c32``."""
+        key = f"{self.layout}-isl{self.input_len}-osl{self.output_len}-c{self.max_concurrency}"
+        if self.prefix_len:
+            key += f"-pfx{self.prefix_len}"
+        if math.isfinite(self.request_rate):
+            key += f"-rr{fmt_num(self.request_rate)}"
+        if self.repeat:
+            key += f"-r{self.repeat}"
+        return key
+
+    @property
+    def workload(self) -> tuple[int, int]:
+        return (self.input_len, self.output_len)
+
+    def seed(self, run_id: str) -> int:
+        """The ``--seed`` of this point in run ``run_id``: fresh per run and per point, reproducible."""
+        digest = hashlib.sha256(f"pdinfra-bench/{run_id}/{self.key}".encode()).hexdigest()
+        return int(digest[:8], 16) % (2**31 - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["request_rate"] = "inf" if math.isinf(self.request_rate) else self.request_rate
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchPoint:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["request_rate"] = _rate(data.get("request_rate"))
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """A sweep: layouts x workloads (ISL x OSL) x prefix lengths x concurrencies x repeats."""
+
+    name: str
+    layouts: tuple[str, ...] = LAYOUTS
+    input_lens: tuple[int, ...] = (1024, 8192)
+    output_lens: tuple[int, ...] = (1024,)
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    prompts_per_concurrency: int = 10
+    min_prompts: int = 1
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    prefix_lens: tuple[int, ...] = (0,)
+    range_ratio: float = 0.0
+    repeats: int = 1
+    dataset: str = "random"
+
+    def __post_init__(self) -> None:
+        bad = [x for x in self.layouts if x not in LAYOUTS]
+        if bad or not self.layouts:
+            raise ValueError(f"layouts must be a non-empty subset of {LAYOUTS}, got {self.layouts!r}")
+        if self.dataset != "random":
+            raise ValueError("only the 'random' dataset is supported (fresh random prompts per seed)")
+        if self.repeats < 1 or self.prompts_per_concurrency < 1:
+            raise ValueError("repeats and prompts_per_concurrency must be >= 1")
+        for name in ("input_lens", "output_lens", "concurrencies"):
+            values = getattr(self, name)
+            if not values or any(int(v) < 1 for v in values):
+                raise ValueError(f"{name} must be a non-empty list of positive integers, got {values!r}")
+
+    @property
+    def workloads(self) -> list[tuple[int, int]]:
+        return [(i, o) for i in self.input_lens for o in self.output_lens]
+
+    def num_prompts(self, concurrency: int) -> int:
+        return max(self.min_prompts, self.prompts_per_concurrency * concurrency)
+
+    def points(self) -> list[BenchPoint]:
+        """Every point, in run order: per workload, per layout, concurrency ascending."""
+        out = []
+        for isl, osl in self.workloads:
+            for prefix in self.prefix_lens:
+                if prefix >= isl:
+                    continue
+                for layout in self.layouts:
+                    for conc in sorted(self.concurrencies):
+                        for rep in range(self.repeats):
+                            out.append(
+                                BenchPoint(
+                                    layout=layout,
+                                    input_len=isl,
+                                    output_len=osl,
+                                    max_concurrency=conc,
+                                    num_prompts=self.num_prompts(conc),
+                                    request_rate=self.request_rate,
+                                    burstiness=self.burstiness,
+                                    prefix_len=prefix,
+                                    range_ratio=self.range_ratio,
+                                    repeat=rep,
+                                )
+                            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for k, v in out.items():
+            if isinstance(v, tuple):
+                out[k] = list(v)
+        out["request_rate"] = "inf" if math.isinf(self.request_rate) else self.request_rate
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchPlan:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown plan keys: {', '.join(unknown)}")
+        kwargs: dict[str, Any] = {}
+        for k, v in data.items():
+            kwargs[k] = tuple(v) if isinstance(v, list) else v
+        kwargs["request_rate"] = _rate(data.get("request_rate"))
+        return cls(**kwargs)
+
+
+def default_plan() -> BenchPlan:
+    """The seeds' design: random 1k/1k and 8k/1k, concurrency 1..32, both layouts."""
+    return BenchPlan(name="default")
+
+
+def small_plan() -> BenchPlan:
+    """For the local CPU stack (tiny model, max_model_len 2048): 256/32, concurrency 1, 2, 4."""
+    return BenchPlan(name="small", input_lens=(256,), output_lens=(32,), concurrencies=(1, 2, 4))
+
+
+PLANS = {"default": default_plan, "seeds": default_plan, "small": small_plan}
+
+
+def get_plan(name: str, **overrides: Any) -> BenchPlan:
+    """A named plan with some fields replaced (``None`` overrides are ignored)."""
+    key = name.strip().lower()
+    if key not in PLANS:
+        raise KeyError(f"unknown plan {name!r}; known: {', '.join(sorted(PLANS))}")
+    data = PLANS[key]().to_dict()
+    data.update({k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items() if v is not None})
+    return BenchPlan.from_dict(data)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives (inventory variable ``pdinfra_slo``), all in milliseconds.
+
+    ``ttft_ms``, ``tpot_ms`` and ``e2el_ms`` are per-request bounds: a request is *good* when it met all of
+    those set (vLLM's ``--goodput``). ``itl_p99_ms`` bounds the point's pooled P99 inter-token latency (vLLM's
+    goodput cannot take ITL). A point meets the SLO when at least ``attainment`` of its requests are good and
+    its ITL P99 is within the bound.
+    """
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+    itl_p99_ms: float | None = None
+    attainment: float = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2el_ms", "itl_p99_ms"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"pdinfra_slo.{name} must be a positive number of milliseconds, got {value!r}")
+        if not 0 < self.attainment <= 1:
+            raise ValueError(f"pdinfra_slo.attainment must be in (0, 1], got {self.attainment!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> SLO:
+        """From the inventory dict; unknown keys are an error that names the key."""
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"pdinfra_slo: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        kwargs: dict[str, Any] = {}
+        for k, v in data.items():
+            if v is None:
+                continue
+            try:
+                kwargs[k] = float(v)
+            except (TypeError, ValueError):
+                raise ValueError(f"pdinfra_slo.{k} must be a number, got {v!r}") from None
+        if kwargs.get("attainment", 0) > 1:  # 90 -> 0.9
+            kwargs["attainment"] = kwargs["attainment"] / 100
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def request_bounds(self) -> dict[str, float]:
+        """The per-request bounds that are set, as vLLM's goodput keys (ms)."""
+        return {k: getattr(self, f"{k}_ms") for k in GOODPUT_KEYS if getattr(self, f"{k}_ms") is not None}
+
+    @property
+    def empty(self) -> bool:
+        return not self.request_bounds and self.itl_p99_ms is None
+
+    def goodput_args(self) -> list[str]:
+        """``['--goodput', 'ttft:2000', 'tpot:50']``, or ``[]`` without a per-request bound."""
+        bounds = self.request_bounds
+        if not bounds:
+            return []
+        return ["--goodput", *(f"{k}:{fmt_num(v)}" for k, v in bounds.items())]
+
+    def describe(self) -> str:
+        parts = [f"{k.upper()} <= {fmt_num(v)} ms" for k, v in self.request_bounds.items()]
+        if self.itl_p99_ms is not None:
+            parts.append(f"ITL P99 <= {fmt_num(self.itl_p99_ms)} ms")
+        if not parts:
+            return "no SLO"
+        return f"{', '.join(parts)}; attainment >= {self.attainment * 100:g}% of requests"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One vLLM instance whose ``/metrics`` pdinfra scrapes around each point."""
+
+    name: str
+    role: str  # prefill | decode | agg
+    url: str  # base URL, e.g. http://10.0.0.1:8100
+    gpus: int = 1
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode", "agg"):
+            raise ValueError(f"instance {self.name}: role must be prefill, decode or agg, got {self.role!r}")
+
+
+@dataclass(frozen=True)
+class LayoutEndpoint:
+    """Where one layout is served: the URL ``vllm bench serve`` targets and the instances behind it."""
+
+    layout: str
+    base_url: str
+    instances: tuple[Instance, ...] = field(default_factory=tuple)
+    gpus: int | None = None  # default: the instances' GPUs together
+
+    @property
+    def total_gpus(self) -> int:
+        if self.gpus is not None:
+            return self.gpus
+        return max(1, sum(i.gpus for i in self.instances))
+
+    def count(self, role: str) -> int:
+        return sum(1 for i in self.instances if i.role == role)
+
+    def role_gpus(self, role: str) -> int:
+        return sum(i.gpus for i in self.instances if i.role == role)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout,
+            "base_url": self.base_url,
+            "gpus": self.total_gpus,
+            "instances": [asdict(i) for i in self.instances],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayoutEndpoint:
+        return cls(
+            layout=str(data["layout"]),
+            base_url=str(data["base_url"]),
+            instances=tuple(Instance(**i) for i in data.get("instances", []) or []),
+            gpus=int(data["gpus"]) if data.get("gpus") is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class BenchEndpoints:
+    """The target of a run: the model, its tokenizer on the node that runs the client, and each layout."""
+
+    model: str
+    tokenizer: str
+    layouts: dict[str, LayoutEndpoint]
+    backend: str = "vllm"
+    endpoint: str = "/v1/completions"
+    model_shape: str | None = None  # a pdinfra.kvshape preset, for the KV-transfer budget
+    block_size: int = 16
+    tp: int = 1
+
+    def layout(self, name: str) -> LayoutEndpoint:
+        if name not in self.layouts:
+            raise KeyError(f"no endpoint for layout {name!r}; have: {', '.join(sorted(self.layouts))}")
+        return self.layouts[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "tokenizer": self.tokenizer,
+            "backend": self.backend,
+            "endpoint": self.endpoint,
+            "model_shape": self.model_shape,
+            "block_size": self.block_size,
+            "tp": self.tp,
+            "layouts": {k: v.to_dict() for k, v in sorted(self.layouts.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchEndpoints:
+        return cls(
+            model=str(data["model"]),
+            tokenizer=str(data["tokenizer"]),
+            layouts={k: LayoutEndpoint.from_dict(v) for k, v in (data.get("layouts") or {}).items()},
+            backend=str(data.get("backend", "vllm")),
+            endpoint=str(data.get("endpoint", "/v1/completions")),
+            model_shape=data.get("model_shape"),
+            block_size=int(data.get("block_size", 16)),
+            tp=int(data.get("tp", 1)),
+        )

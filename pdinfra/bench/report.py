@@ -1,0 +1,630 @@
+"""Tables, plots and reports of analysed runs: one run, or several side by side (``compare``).
+
+``write_report([run_dir], out)`` writes ``out/report.html`` (self-contained: plots as base64 data URIs,
+no external resource, opens offline), ``out/report.md`` (plots as ``plots/*.png`` next to it),
+``out/plots/*.png`` and ``out/analysis.json``. Given several run directories it writes a comparison.
+Output is deterministic: the same runs give byte-identical tables, Markdown and JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdinfra.bench.analysis import (
+    DEFAULT_PD_MARGIN,
+    STATS,
+    Cell,
+    RunAnalysis,
+    Workload,
+    analyze_run,
+)
+from pdinfra.bench.plan import METRICS, SLO
+
+LAYOUT_COLORS = {"agg": "#d62728", "pd": "#1f77b4"}
+RUN_STYLES = ("-", "--", ":", "-.")
+RUN_MARKERS = ("o", "s", "^", "D")
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def fmt_bool(value: bool | None) -> str:
+    return {True: "yes", False: "NO", None: "?"}[value]
+
+
+def fmt_bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    note: str = ""
+
+    def markdown(self) -> str:
+        def cell(text: str) -> str:
+            return text.replace("|", "\\|").replace("\n", " ")
+
+        lines = [f"### {self.title}", ""]
+        if self.note:
+            lines += [self.note, ""]
+        if not self.rows:
+            return "\n".join([*lines, "(none)", ""])
+        lines.append("| " + " | ".join(cell(c) for c in self.columns) + " |")
+        lines.append("| " + " | ".join("---" for _ in self.columns) + " |")
+        lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in self.rows]
+        return "\n".join([*lines, ""])
+
+
+@dataclass
+class Plot:
+    name: str
+    title: str
+    png: bytes
+
+    def data_uri(self) -> str:
+        return "data:image/png;base64," + base64.b64encode(self.png).decode()
+
+
+# ----------------------------------------------------------------------------- tables of one run
+def _key_cols(c: Cell) -> list[str]:
+    w = c.workload
+    return [c.layout, str(w.input_len), str(w.output_len), str(c.concurrency)]
+
+
+KEY_COLUMNS = ["layout", "ISL", "OSL", "conc"]
+
+
+def latency_table(ra: RunAnalysis) -> Table:
+    cols = list(KEY_COLUMNS)
+    for m in METRICS:
+        cols += [f"{m.upper()} {s}" for s in STATS]
+    t = Table("latency", "Latency per point (ms; valid points only)", cols)
+    for c in ra.cells:
+        if not c.valid:
+            continue
+        row = _key_cols(c)
+        for m in METRICS:
+            row += [fmt(c.stat(m, s)) for s in STATS]
+        t.rows.append(row)
+    t.note = "TTFT, TPOT, E2EL per request; ITL pooled over every inter-chunk gap (token-weighted)."
+    return t
+
+
+def throughput_table(ra: RunAnalysis) -> Table:
+    cols = [
+        *KEY_COLUMNS,
+        "GPUs",
+        "valid",
+        "req/s",
+        "out tok/s",
+        "tok/s/GPU",
+        "tok/s/user",
+        "goodput req/s",
+        "goodput/GPU",
+        "attainment",
+        "ITL P99",
+        "meets SLO",
+        "why not",
+    ]
+    t = Table("throughput", f"Throughput, goodput and SLO ({ra.slo.describe()})", cols)
+    for c in ra.cells:
+        valid = c.valid
+        gpus = c.points[0].gpus
+        t.rows.append(
+            [
+                *_key_cols(c),
+                str(gpus),
+                f"{len(valid)}/{len(c.points)}",
+                fmt(c.avg(lambda p: p.request_throughput), 3),
+                fmt(c.avg(lambda p: p.output_throughput)),
+                fmt(c.output_tps_per_gpu),
+                fmt(c.avg(lambda p: p.output_tps_per_user)),
+                fmt(c.avg(lambda p: p.goodput_rps), 3),
+                fmt(c.goodput_per_gpu, 3),
+                fmt_pct(c.avg(lambda p: p.attainment)),
+                fmt(c.stat("itl", "p99")),
+                fmt_bool(c.meets_slo) if valid else "-",
+                "; ".join(sorted({v for p in valid for v in p.violations})) if valid else "no valid data",
+            ]
+        )
+    return t
+
+
+def server_table(ra: RunAnalysis) -> Table:
+    cols = [
+        *KEY_COLUMNS,
+        "prefix hit",
+        "queue ms (agg or P/D)",
+        "peak waiting (agg or P/D)",
+        "peak KV use (agg or P/D)",
+        "NIXL xfers/req",
+        "NIXL bytes/req",
+        "NIXL ms/req",
+    ]
+    t = Table("server", "Server metrics (deltas of the instances' /metrics around each point)", cols)
+    for c in ra.cells:
+        if not c.valid or not any(p.server for p in c.valid):
+            continue
+
+        def s(key: str, c: Cell = c) -> float | None:
+            return c.avg(lambda pr: pr.server.get(key))
+
+        roles = ("agg",) if c.layout == "agg" else ("prefill", "decode")
+        t.rows.append(
+            [
+                *_key_cols(c),
+                fmt_pct(s("prefix_hit_ratio")),
+                "/".join(fmt(s(f"{r}_queue_ms")) for r in roles),
+                "/".join(fmt(s(f"{r}_peak_waiting"), 0) for r in roles),
+                "/".join(fmt_pct(s(f"{r}_peak_kv_usage")) for r in roles),
+                fmt(s("nixl_transfers_per_request")),
+                fmt_bytes(s("nixl_bytes_per_request")),
+                fmt(s("nixl_ms_per_request"), 3),
+            ]
+        )
+    return t
+
+
+def sustained_table(ra: RunAnalysis) -> Table:
+    cols = ["workload", "layout", "GPUs", "sustains conc", "first failing", "best goodput/GPU", "at conc", "tok/s/GPU"]
+    t = Table("sustained", "Highest concurrency each layout sustains within the SLO", cols)
+    for v in ra.recommendation.per_workload:
+        for lay, s in sorted(v.layouts.items()):
+            t.rows.append(
+                [
+                    v.workload.label,
+                    lay,
+                    str(s.gpus),
+                    "none" if s.sustained_concurrency is None else str(s.sustained_concurrency),
+                    "-" if s.first_failing is None else str(s.first_failing),
+                    fmt(s.best_goodput_per_gpu, 3),
+                    "-" if s.best_at is None else str(s.best_at),
+                    fmt(s.tps_per_gpu_at_best),
+                ]
+            )
+    return t
+
+
+def head_to_head_table(ra: RunAnalysis) -> Table:
+    cols = [
+        "workload",
+        "conc",
+        "ITL P99 agg",
+        "ITL P99 PD",
+        "TTFT P99 agg",
+        "TTFT P99 PD",
+        "goodput/GPU agg",
+        "goodput/GPU PD",
+        "winner",
+        "why",
+    ]
+    t = Table("head_to_head", "Where PD wins or loses", cols)
+    for v in ra.recommendation.per_workload:
+        for row in v.rows:
+            a = ra.cell(v.workload, "agg", row.concurrency)
+            p = ra.cell(v.workload, "pd", row.concurrency)
+
+            def g(c: Cell | None, m: str) -> str:
+                return fmt(c.stat(m, "p99")) if c else "-"
+
+            t.rows.append(
+                [
+                    v.workload.label,
+                    str(row.concurrency),
+                    g(a, "itl"),
+                    g(p, "itl"),
+                    g(a, "ttft"),
+                    g(p, "ttft"),
+                    fmt(a.goodput_per_gpu, 3) if a else "-",
+                    fmt(p.goodput_per_gpu, 3) if p else "-",
+                    row.winner,
+                    row.why,
+                ]
+            )
+    return t
+
+
+def kv_table(ra: RunAnalysis) -> Table:
+    cols = [
+        "workload",
+        "model shape",
+        "KV bytes/token",
+        "predicted/request",
+        "predicted (whole blocks)",
+        "measured bytes/req",
+        "NIXL xfers/req",
+        "NIXL ms/req",
+        "NIXL GB/s",
+        "TTFT P50 (PD)",
+        "points",
+    ]
+    t = Table("kv_budget", "KV-transfer budget per request (PD)", cols)
+    t.note = (
+        "predicted = KV bytes per token (pdinfra.kvshape, all TP ranks) x prompt length; measured = NIXL "
+        "counters of the decode instances / completed requests (prefix-cache hits on decode move less)."
+    )
+    for k in ra.kv:
+        t.rows.append(
+            [
+                k.workload.label,
+                k.model_shape or "-",
+                fmt_bytes(k.bytes_per_token),
+                fmt_bytes(k.predicted_bytes),
+                fmt_bytes(k.predicted_bytes_blocks),
+                fmt_bytes(k.measured_bytes),
+                fmt(k.measured_transfers),
+                fmt(k.measured_ms, 3),
+                fmt(k.measured_gbps, 3),
+                fmt(k.ttft_p50_ms),
+                str(k.points),
+            ]
+        )
+    return t
+
+
+def broken_table(ra: RunAnalysis) -> Table:
+    t = Table("broken", "Broken or partial points (excluded from every figure)", ["point", "status", "reason"])
+    t.rows = [[p.key, p.status, p.reason] for p in ra.broken]
+    return t
+
+
+def tables(ra: RunAnalysis) -> list[Table]:
+    return [
+        throughput_table(ra),
+        latency_table(ra),
+        sustained_table(ra),
+        head_to_head_table(ra),
+        kv_table(ra),
+        server_table(ra),
+        broken_table(ra),
+    ]
+
+
+def recommendation_lines(ra: RunAnalysis) -> list[str]:
+    rec = ra.recommendation
+    lines = [f"Recommendation: {rec.layout.upper()} - {rec.text}."]
+    for v in rec.per_workload:
+        lines.append(f"{v.workload.label}: {v.winner} - {v.reason}.")
+    if rec.ratio:
+        r = rec.ratio
+        lines.append(f"Prefill:decode now {r.current}, try {r.suggested} next ({r.bottleneck}-bound).")
+        lines += [f"  evidence: {e}" for e in r.evidence]
+    return lines
+
+
+# ----------------------------------------------------------------------------- comparison of runs
+def compare_tables(runs: list[RunAnalysis]) -> list[Table]:
+    meta = Table("runs", "Runs", ["run", "started", "plan", "SLO", "recommendation", "broken points", "versions"])
+    for ra in runs:
+        m = ra.manifest
+        versions = ", ".join(f"{k}={v}" for k, v in sorted((m.get("versions") or {}).items()))
+        meta.rows.append(
+            [
+                ra.run_id,
+                str(m.get("started", "-")),
+                ra.plan.name,
+                ra.slo.describe(),
+                ra.recommendation.layout,
+                str(len(ra.broken)),
+                versions,
+            ]
+        )
+    keys = sorted({(c.workload, c.layout, c.concurrency) for ra in runs for c in ra.cells})
+    cols = ["workload", "layout", "conc"]
+    for ra in runs:
+        cols += [f"ITL P99 {ra.run_id}", f"TTFT P99 {ra.run_id}", f"goodput/GPU {ra.run_id}", f"SLO {ra.run_id}"]
+    side = Table("compare", "Side by side (valid points only; '-' = not measured or broken)", cols)
+    for w, lay, conc in keys:
+        row = [w.label, lay, str(conc)]
+        for ra in runs:
+            c = ra.cell(w, lay, conc)
+            if c is None or not c.valid:
+                row += ["-", "-", "-", "-"]
+            else:
+                row += [fmt(c.stat("itl", "p99")), fmt(c.stat("ttft", "p99")), fmt(c.goodput_per_gpu, 3)]
+                row.append(fmt_bool(c.meets_slo))
+        side.rows.append(row)
+    sus = Table("sustained", "Sustained concurrency within the SLO, per run", ["workload", "layout"])
+    sus.columns += [ra.run_id for ra in runs]
+    wl = sorted({(v.workload, lay) for ra in runs for v in ra.recommendation.per_workload for lay in v.layouts})
+    for w, lay in wl:
+        row = [w.label, lay]
+        for ra in runs:
+            v = next((v for v in ra.recommendation.per_workload if v.workload == w), None)
+            s = v.layouts.get(lay) if v else None
+            row.append(
+                "-" if s is None else ("none" if s.sustained_concurrency is None else str(s.sustained_concurrency))
+            )
+        sus.rows.append(row)
+    return [meta, side, sus]
+
+
+# ----------------------------------------------------------------------------- plots
+def _figure(width: float = 10, height: float = 4.2, ncols: int = 1) -> tuple[Any, list[Any]]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    return fig, axes
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _series(ra: RunAnalysis, w: Workload, layout: str, value: Any) -> tuple[list[int], list[float]]:
+    """Points of one line; an invalid point is NaN, so the line shows a gap instead of bridging it."""
+    xs, ys = [], []
+    for c in sorted((c for c in ra.cells if c.workload == w and c.layout == layout), key=lambda c: c.concurrency):
+        y = value(c) if c.valid else None
+        xs.append(c.concurrency)
+        ys.append(math.nan if y is None else y)
+    if all(math.isnan(y) for y in ys):
+        return [], []
+    return xs, ys
+
+
+def _log2_axis(ax: Any, concs: list[int]) -> None:
+    if concs and max(concs) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(set(concs)))
+    ax.set_xticklabels([str(c) for c in sorted(set(concs))])
+    ax.set_xlabel("max concurrency")
+    ax.grid(True, alpha=0.3)
+
+
+def _lines(ax: Any, runs: list[RunAnalysis], w: Workload, value: Any, ylabel: str) -> list[int]:
+    concs: list[int] = []
+    for i, ra in enumerate(runs):
+        for layout in ra.plan.layouts:
+            xs, ys = _series(ra, w, layout, value)
+            if not xs:
+                continue
+            concs += xs
+            label = layout if len(runs) == 1 else f"{layout} {ra.run_id}"
+            ax.plot(
+                xs,
+                ys,
+                RUN_STYLES[i % len(RUN_STYLES)],
+                marker=RUN_MARKERS[i % len(RUN_MARKERS)],
+                color=LAYOUT_COLORS.get(layout, "#333333"),
+                label=label,
+            )
+    ax.set_ylabel(ylabel)
+    return concs
+
+
+def _finish(ax: Any, concs: list[int], title: str) -> None:
+    _log2_axis(ax, concs)
+    ax.set_title(title, fontsize=10)
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(fontsize=8)
+
+
+def plots(runs: list[RunAnalysis]) -> list[Plot]:
+    """ITL/TTFT P99 per workload, goodput and throughput per GPU, TTFT vs prefix-hit ratio when measured."""
+    out = []
+    slo = runs[0].slo
+    workloads = sorted({w for ra in runs for w in ra.workloads})
+    for w in workloads:
+        fig, (ax1, ax2) = _figure(ncols=2)
+        c1 = _lines(ax1, runs, w, lambda c: c.stat("itl", "p99"), "ITL P99 (ms)")
+        if slo.itl_p99_ms:
+            ax1.axhline(slo.itl_p99_ms, color="#555555", linestyle="--", linewidth=1, label="SLO")
+        _finish(ax1, c1, f"ITL P99 - {w.label}")
+        c2 = _lines(ax2, runs, w, lambda c: c.stat("ttft", "p99"), "TTFT P99 (ms)")
+        if slo.ttft_ms:
+            ax2.axhline(slo.ttft_ms, color="#555555", linestyle="--", linewidth=1, label="SLO (per request)")
+        _finish(ax2, c2, f"TTFT P99 - {w.label}")
+        out.append(Plot(f"latency-{w.slug}", f"ITL and TTFT P99 vs concurrency, {w.label}", _png(fig)))
+
+    for name, title, value, ylabel in (
+        ("goodput", "Goodput vs concurrency", lambda c: c.avg(lambda p: p.goodput_rps), "goodput (req/s)"),
+        ("throughput-per-gpu", "Output throughput per GPU vs concurrency", lambda c: c.output_tps_per_gpu, "tok/s/GPU"),
+    ):
+        fig, axes = _figure(width=5 * max(1, min(len(workloads), 3)), ncols=max(1, min(len(workloads), 3)))
+        for ax, w in zip(axes, workloads[:3], strict=False):
+            concs = _lines(ax, runs, w, value, ylabel)
+            _finish(ax, concs, w.label)
+        out.append(Plot(name, title, _png(fig)))
+
+    pts = [
+        (p.server.get("prefix_hit_ratio"), p.stat("ttft", "p50"), p.point.layout)
+        for ra in runs
+        for p in ra.points
+        if p.valid and p.server.get("prefix_hit_ratio") is not None and p.stat("ttft", "p50") is not None
+    ]
+    if len({round(h, 3) for h, _, _ in pts}) >= 2:
+        fig, (ax,) = _figure(width=6)
+        for layout in sorted({lay for _, _, lay in pts}):
+            sel = sorted((h, t) for h, t, lay in pts if lay == layout)
+            ax.scatter([h * 100 for h, _ in sel], [t for _, t in sel], color=LAYOUT_COLORS.get(layout), label=layout)
+        ax.set_xlabel("prefix-cache hit ratio (%)")
+        ax.set_ylabel("TTFT P50 (ms)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title("TTFT vs prefix-cache hits", fontsize=10)
+        out.append(Plot("ttft-vs-prefix-hit", "TTFT vs prefix-cache hit ratio", _png(fig)))
+    return out
+
+
+# ----------------------------------------------------------------------------- documents
+_HTML = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{{ title }}</title>
+<style>
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; } h3 { font-size: 1.05em; }
+table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0 1em; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-space: nowrap; }
+th { background: #f0f0f0; } td.t { text-align: left; white-space: normal; }
+.rec { background: #eef6ee; border-left: 4px solid #2a7; padding: 0.6em 1em; }
+.warn { background: #fff4e5; border-left: 4px solid #e90; padding: 0.6em 1em; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 0.3em 0; }
+dl { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; font-size: 13px; }
+dt { font-weight: bold; } dd { margin: 0; }
+.note { color: #555; font-size: 12px; }
+</style></head><body>
+<h1>{{ title }}</h1>
+{% for block in blocks %}
+{% if block.kind == "rec" %}<div class="rec">{% for line in block.lines %}<p>{{ line }}</p>{% endfor %}</div>
+{% elif block.kind == "warn" %}<div class="warn">{% for line in block.lines %}<p>{{ line }}</p>{% endfor %}</div>
+{% elif block.kind == "meta" %}<h2>{{ block.title }}</h2><dl>
+{% for k, v in block.entries %}<dt>{{ k }}</dt><dd>{{ v }}</dd>{% endfor %}</dl>
+{% elif block.kind == "plots" %}<h2>Plots</h2>
+{% for p in block.plots %}<figure><img alt="{{ p.title }}" src="{{ p.data_uri() }}">
+<figcaption class="note">{{ p.title }}</figcaption></figure>{% endfor %}
+{% elif block.kind == "table" %}<h3>{{ block.table.title }}</h3>
+{% if block.table.note %}<p class="note">{{ block.table.note }}</p>{% endif %}
+{% if block.table.rows %}<table><tr>{% for c in block.table.columns %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for row in block.table.rows %}<tr>{% for c in row %}
+<td{% if not c[:1].isdigit() and c != "-" %} class="t"{% endif %}>{{ c }}</td>{% endfor %}</tr>
+{% endfor %}</table>{% else %}<p class="note">(none)</p>{% endif %}
+{% endif %}
+{% endfor %}
+</body></html>
+"""
+
+
+def _meta_items(ra: RunAnalysis) -> list[tuple[str, str]]:
+    m = ra.manifest
+    ep = ra.endpoints
+    items = [
+        ("run", ra.run_id),
+        ("status", str(m.get("status", "-"))),
+        ("started", str(m.get("started", "-"))),
+        ("finished", str(m.get("finished", "-"))),
+        ("plan", f"{ra.plan.name}: {len(ra.points)} points, layouts {', '.join(ra.plan.layouts)}"),
+        ("SLO", ra.slo.describe()),
+        ("model", f"{ep.model} (tokenizer {ep.tokenizer}, KV shape {ep.model_shape or '-'}, tp {ep.tp})"),
+    ]
+    for name, lay in sorted(ep.layouts.items()):
+        inst = ", ".join(f"{i.name} {i.role} x{i.gpus}" for i in lay.instances) or "-"
+        items.append((f"layout {name}", f"{lay.base_url}, {lay.total_gpus} GPUs ({inst})"))
+    for k, v in sorted((m.get("versions") or {}).items()):
+        items.append((f"version {k}", str(v)))
+    for k, v in sorted((m.get("host") or {}).items()):
+        items.append((f"host {k}", str(v)))
+    if m.get("synthetic"):
+        items.append(("data", f"SYNTHETIC: {m['synthetic']}"))
+    return items
+
+
+def render_html(title: str, blocks: list[dict[str, Any]]) -> str:
+    import jinja2
+
+    env = jinja2.Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(_HTML).render(title=title, blocks=blocks)
+
+
+def _blocks(runs: list[RunAnalysis], plot_list: list[Plot]) -> tuple[str, list[dict[str, Any]]]:
+    if len(runs) == 1:
+        ra = runs[0]
+        title = f"pdinfra bench report - {ra.run_id}"
+        blocks: list[dict[str, Any]] = [{"kind": "rec", "lines": recommendation_lines(ra)}]
+        if ra.broken:
+            blocks.append({"kind": "warn", "lines": [f"{len(ra.broken)} broken or partial point(s), excluded."]})
+        blocks.append({"kind": "meta", "title": "Run", "entries": _meta_items(ra)})
+        blocks.append({"kind": "plots", "plots": plot_list})
+        blocks += [{"kind": "table", "table": t} for t in tables(ra)]
+        return title, blocks
+    title = "pdinfra bench comparison - " + " vs ".join(ra.run_id for ra in runs)
+    blocks = [{"kind": "rec", "lines": [f"{ra.run_id}: {recommendation_lines(ra)[0]}" for ra in runs]}]
+    blocks.append({"kind": "plots", "plots": plot_list})
+    blocks += [{"kind": "table", "table": t} for t in compare_tables(runs)]
+    for ra in runs:
+        blocks.append({"kind": "meta", "title": f"Run {ra.run_id}", "entries": _meta_items(ra)})
+    return title, blocks
+
+
+def render_markdown(title: str, blocks: list[dict[str, Any]], plot_dir: str = "plots") -> str:
+    out = [f"# {title}", ""]
+    for b in blocks:
+        if b["kind"] in ("rec", "warn"):
+            out += [f"> {line}" for line in b["lines"]] + [""]
+        elif b["kind"] == "meta":
+            out += [f"## {b['title']}", ""] + [f"- **{k}**: {v}" for k, v in b["entries"]] + [""]
+        elif b["kind"] == "plots":
+            out += ["## Plots", ""] + [f"![{p.title}]({plot_dir}/{p.name}.png)" for p in b["plots"]] + [""]
+        elif b["kind"] == "table":
+            out.append(b["table"].markdown())
+    return "\n".join(out).rstrip() + "\n"
+
+
+@dataclass
+class ReportFiles:
+    html: Path
+    markdown: Path
+    analysis: Path
+    plots: list[Path]
+    runs: list[RunAnalysis]
+
+
+def _order(runs: list[RunAnalysis]) -> list[RunAnalysis]:
+    return sorted(runs, key=lambda ra: (str(ra.manifest.get("started") or ""), ra.run_id))
+
+
+def write_report(
+    run_dirs: list[Path],
+    output: Path,
+    slo: SLO | None = None,
+    pd_margin: float = DEFAULT_PD_MARGIN,
+) -> ReportFiles:
+    """Analyse the runs and write the report into directory ``output`` (created; files replaced)."""
+    if not run_dirs:
+        raise ValueError("no run directory given")
+    runs = [analyze_run(Path(d), slo=slo, pd_margin=pd_margin) for d in run_dirs]
+    if len(runs) > 1:
+        runs = _order(runs)
+        base = runs[0].slo
+        runs = [ra if ra.slo == base else analyze_run(ra.run_dir, slo=base, pd_margin=pd_margin) for ra in runs]
+    output = Path(output)
+    plot_dir = output / "plots"
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    plot_list = plots(runs)
+    plot_paths = []
+    for p in plot_list:
+        path = plot_dir / f"{p.name}.png"
+        path.write_bytes(p.png)
+        plot_paths.append(path)
+    title, blocks = _blocks(runs, plot_list)
+    html_path, md_path, json_path = output / "report.html", output / "report.md", output / "analysis.json"
+    html_path.write_text(render_html(title, blocks))
+    md_path.write_text(render_markdown(title, blocks))
+    doc = {"runs": [ra.to_dict() for ra in runs]}
+    json_path.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+    return ReportFiles(html_path, md_path, json_path, plot_paths, runs)
+
+
+def text_summary(ra: RunAnalysis) -> str:
+    """A short plain-text summary for the terminal."""
+    lines = recommendation_lines(ra)
+    if ra.broken:
+        lines.append(f"{len(ra.broken)} broken/partial point(s): " + ", ".join(p.key for p in ra.broken))
+    return "\n".join(lines)
