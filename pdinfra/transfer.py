@@ -608,18 +608,29 @@ def _make_agent(name: str, num_threads: int, prog_thread: bool):
     return agent
 
 
+def _start_child(conn, log_path: str, env: dict[str, str], ep: Endpoint, span: int, cfg: dict, name: str):
+    """Common start of both children: logging/env, NIXL import, the buffer and a registered agent.
+
+    Returns (buffer, agent), or None after telling the parent that NIXL is missing."""
+    _child_setup(log_path, env)
+    try:
+        import nixl._api  # noqa: F401
+    except ImportError as exc:
+        conn.send(("error", f"{NIXL_MISSING} ({exc})"))
+        return None
+    buf = _Buffer(ep, span)
+    agent = _make_agent(name, cfg["num_threads"], cfg["prog_thread"])
+    agent.register_memory([(buf.addr, buf.span, buf.devid, "")], ep.mem)
+    return buf, agent
+
+
 def _target_main(conn, log_path: str, env: dict[str, str], ep: Endpoint, span: int, cfg: dict) -> None:
     """Prefill-like side: owns the source (READ) or destination (WRITE) buffer and answers the parent."""
     try:
-        _child_setup(log_path, env)
-        try:
-            import nixl._api  # noqa: F401
-        except ImportError as exc:
-            conn.send(("error", f"{NIXL_MISSING} ({exc})"))
+        started = _start_child(conn, log_path, env, ep, span, cfg, "pdinfra-target")
+        if started is None:
             return
-        buf = _Buffer(ep, span)
-        agent = _make_agent("pdinfra-target", cfg["num_threads"], cfg["prog_thread"])
-        agent.register_memory([(buf.addr, buf.span, buf.devid, "")], ep.mem)
+        buf, agent = started
         conn.send(("hello", agent.get_agent_metadata(), buf.addr, buf.span, buf.devid))
         while True:
             msg = conn.recv()
@@ -776,15 +787,10 @@ def _run_case(agent, remote: str, buf: _Buffer, rmeta: dict, case: CaseSpec, pre
 def _initiator_main(conn, log_path: str, env: dict[str, str], ep: Endpoint, span: int, cfg: dict) -> None:
     """Decode-like side: adds the target's metadata, measures the copy reference, runs the cases."""
     try:
-        _child_setup(log_path, env)
-        try:
-            import nixl._api  # noqa: F401
-        except ImportError as exc:
-            conn.send(("error", f"{NIXL_MISSING} ({exc})"))
+        started = _start_child(conn, log_path, env, ep, span, cfg, "pdinfra-initiator")
+        if started is None:
             return
-        buf = _Buffer(ep, span)
-        agent = _make_agent("pdinfra-initiator", cfg["num_threads"], cfg["prog_thread"])
-        agent.register_memory([(buf.addr, buf.span, buf.devid, "")], ep.mem)
+        buf, agent = started
         conn.send(("hello",))
         _, tmeta, tgt_ep, rmeta = conn.recv()
         remote = agent.add_remote_agent(tmeta)

@@ -192,7 +192,11 @@ def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     assert "| meets SLO |" in md
     # Re-running the analysis on the saved run gives identical output.
     again = tmp_path / "again"
-    run([str(BIN / "pdinfra"), "bench", "report", str(run_dir), "--output", str(again)], log="71-bench-report", check=True)
+    run(
+        [str(BIN / "pdinfra"), "bench", "report", str(run_dir), "--output", str(again)],
+        log="71-bench-report",
+        check=True,
+    )
     assert (again / "report.md").read_text() == md
 
 
