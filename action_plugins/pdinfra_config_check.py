@@ -12,7 +12,7 @@ from ansible.plugins.action import ActionBase
 KEYS = (
     "pdinfra_address", "pdinfra_instances", "pdinfra_model", "pdinfra_connector", "pdinfra_profile",
     "pdinfra_block_size", "pdinfra_dtype", "pdinfra_router_port", "pd_router_prometheus_port",
-    "pdinfra_api_key", "pdinfra_slo",
+    "pdinfra_api_key", "pdinfra_slo", "pdinfra_layout",
 )  # fmt: skip
 
 

@@ -166,7 +166,7 @@ def up(
     if rc != 0:
         console.print(f"[red]site.yml failed (exit {rc})[/]")
         raise typer.Exit(rc)
-    smoke(inventory=inventory, json_out=False)
+    smoke(inventory=inventory, json_out=False, layout=None)
     console.print(f"[green]pdinfra up: done in {time.monotonic() - t0:.0f} s[/]")
 
 
@@ -182,13 +182,17 @@ def smoke(
     inventory: Inv = DEFAULT_INV,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")] = False,
     max_tokens: Annotated[int, typer.Option(help="Tokens per completion.")] = 16,
+    layout: Annotated[
+        str | None, typer.Option(help="pd or agg (default: the inventory's pdinfra_layout, else pd).")
+    ] = None,
 ) -> None:
     """Completion + streaming completion through the router, proof of P->D KV transfer, greedy equality."""
     from pdinfra import smoke as smoke_mod
 
     inv = _load(inventory)
     ep = smoke_mod.endpoints_from_hostvars(inv.hostvars, inv.group("pd_cluster"), inv.group("router"))
-    result = smoke_mod.run(ep, max_tokens=max_tokens)
+    lay = layout or str(inv.hostvars[inv.group("pd_cluster")[0]].get("pdinfra_layout", "pd"))
+    result = smoke_mod.run(ep, max_tokens=max_tokens, layout=lay)
     if json_out:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
@@ -265,8 +269,16 @@ def bench_run(
     ] = None,
     out: Annotated[Path, typer.Option(help="Where run directories are written.")] = Path("out/bench/runs"),
     report: Annotated[Path | None, typer.Option(help="Also write the report here (HTML, Markdown, plots).")] = None,
+    redeploy: Annotated[
+        bool,
+        typer.Option(
+            "--redeploy",
+            help="Redeploy the same instances as aggregated servers behind the router for the agg points "
+            "(same GPUs as PD), and back to PD afterwards. Without it, agg = the first decode instance direct.",
+        ),
+    ] = False,
 ) -> None:
-    """Run `vllm bench serve` sweeps against the deployed cluster (agg = decode instance direct, pd = router)."""
+    """Run `vllm bench serve` sweeps of the agg and PD layouts against the deployed cluster, save and report them."""
     from pdinfra.bench import live
     from pdinfra.bench.plan import SLO
     from pdinfra.bench.report import text_summary, write_report
@@ -274,12 +286,17 @@ def bench_run(
     from pdinfra.cli_bench import parse_slo, plan_from_options
 
     inv = _load(inventory)
-    endpoints, router = live.endpoints_from_inventory(inv)
+    endpoints, router = live.endpoints_from_inventory(inv, redeploy=redeploy)
     the_plan = plan_from_options(plan, isl, osl, concurrency, layouts, prompts_per_concurrency, request_rate)
     the_slo = parse_slo(slo) if slo else SLO.from_dict(inv.hostvars[inv.group("pd_cluster")[0]].get("pdinfra_slo"))
-    executor = live.AnsibleExecutor(inventory, router, Path(out) / ".fetched")
-    run_dir = run_bench(the_plan, the_slo, endpoints, executor, live.http_scrape, Path(out),
-                        host={"router": router, "inventory": str(inventory)})  # fmt: skip
+    deployer = live.LayoutDeployer(inventory, Path(out) / ".deploy", _progress) if redeploy else None
+    executor = live.AnsibleExecutor(inventory, router, Path(out) / ".fetched", deployer=deployer)
+    try:
+        run_dir = run_bench(the_plan, the_slo, endpoints, executor, live.http_scrape, Path(out),
+                            host={"router": router, "inventory": str(inventory), "redeploy": redeploy})  # fmt: skip
+    finally:
+        if deployer is not None:
+            deployer.ensure("pd")  # leave the cluster as site.yml deploys it
     console.print(f"[green]run saved[/]: {run_dir}")
     if report:
         files = write_report([run_dir], report, the_slo)

