@@ -40,15 +40,19 @@ def ansible_bin(name: str) -> str:
     return found
 
 
-def load(source: Path | str = DEFAULT) -> Inventory:
-    src = Path(source)
-    if not src.exists():
-        raise InventoryError(f"inventory {src} does not exist")
+def load(source: Path | str | list[Path | str] = DEFAULT) -> Inventory:
+    """One inventory, or several merged in order (like repeated ``-i``); ``source`` is the first."""
+    sources = [Path(s) for s in (source if isinstance(source, list) else [source])]
+    for src in sources:
+        if not src.exists():
+            raise InventoryError(f"inventory {src} does not exist")
+    src = sources[0]
+    args = [a for s in sources for a in ("-i", str(s))]
     res = subprocess.run(
-        [ansible_bin("ansible-inventory"), "-i", str(src), "--list"], capture_output=True, text=True, cwd=paths.REPO
+        [ansible_bin("ansible-inventory"), *args, "--list"], capture_output=True, text=True, cwd=paths.REPO
     )
     if res.returncode != 0:
-        raise InventoryError(f"ansible-inventory could not read {src}:\n{res.stderr.strip()}")
+        raise InventoryError(f"ansible-inventory could not read {', '.join(map(str, sources))}:\n{res.stderr.strip()}")
     data = json.loads(res.stdout)
     hostvars = data.get("_meta", {}).get("hostvars", {})
     groups: dict[str, list[str]] = {}

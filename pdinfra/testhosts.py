@@ -47,11 +47,21 @@ class TestHostError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Link:
+    """An extra network interface inside a test host (standing in for a rail NIC's netdev)."""
+
+    name: str
+    address: str = ""  # CIDR, optional
+    mtu: int = 1500
+
+
+@dataclass(frozen=True)
 class TestHost:
     """One local node, as the inventory declares it."""
 
     name: str
     address: str  # CIDR, e.g. 198.18.0.11/24
+    links: tuple[Link, ...] = ()
 
     @property
     def ip(self) -> str:
@@ -221,6 +231,17 @@ def _setup_netns(host: TestHost) -> None:
     if host.ip not in _run(["ip", "-n", host.netns, "-j", "addr", "show", "dev", "eth0"]).stdout:
         _run(["ip", "-n", host.netns, "addr", "add", host.address, "dev", "eth0"])
     _quiet(["ip", "-n", host.netns, "route", "replace", "default", "via", host.gateway])
+    for link in host.links:
+        # A veth pair with both ends inside the node (no dummy module on every kernel); the peer only
+        # gives the link a carrier. Deleting the namespace removes both.
+        peer = f"{link.name}p"[:15]
+        if not _link_exists(link.name, host.netns):
+            _run(["ip", "-n", host.netns, "link", "add", link.name, "type", "veth", "peer", "name", peer])
+        for dev in (peer, link.name):
+            _run(["ip", "-n", host.netns, "link", "set", dev, "mtu", str(link.mtu), "up"])
+        shown = _run(["ip", "-n", host.netns, "-j", "addr", "show", "dev", link.name]).stdout
+        if link.address and link.address.split("/")[0] not in shown:
+            _run(["ip", "-n", host.netns, "addr", "add", link.address, "dev", link.name])
 
 
 def _teardown_netns(host: TestHost) -> None:
@@ -456,5 +477,9 @@ def from_inventory(inv: Inventory) -> list[TestHost]:
         addr = hv.get("pdinfra_address")
         if not addr or "/" not in str(addr):
             raise TestHostError(f"{inv.source}: host {name}: pdinfra_address must be an address with prefix length")
-        hosts.append(TestHost(name=name, address=str(addr)))
+        links = tuple(
+            Link(str(lk["name"]), str(lk.get("address", "")), int(lk.get("mtu", 1500)))
+            for lk in hv.get("pdinfra_testhost_links", []) or []
+        )
+        hosts.append(TestHost(name=name, address=str(addr), links=links))
     return hosts

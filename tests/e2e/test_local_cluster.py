@@ -206,6 +206,33 @@ def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     assert (again / "report.md").read_text() == md
 
 
+RAILS = REPO / "tests" / "e2e" / "inventory-rails" / "hosts.yml"
+
+
+def test_host_layer_with_rail_netdevs_converges_idempotently(cluster):
+    """playbooks/host.yml with a rail netdev per node (dummy device) and the driver role enabled: converge,
+    converge again with changed=0, --check clean, and the files a RoCE rail needs are on the nodes.
+    Hardware steps (apply netplan/sysctls, QoS, GIDs, driver packages) are not exercised: see the inventory."""
+    testhosts.create(testhosts.from_inventory(load([INV, RAILS])))  # adds rail0 inside each running node
+    args = [str(BIN / "ansible-playbook"), "-i", str(INV), "-i", str(RAILS), "playbooks/host.yml"]
+    first = run(args, log="80-host-rails")
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert "rdma_roce: writing configuration only" in first.stdout
+    assert "nvidia_driver: nothing to do" in first.stdout and "container" in first.stdout
+    again = run(args, log="81-host-rails-again")
+    assert again.returncode == 0 and all(v["changed"] == 0 for v in recap(again.stdout).values()), again.stdout[-3000:]
+    check = run([*args, "--check"], log="82-host-rails-check")
+    assert check.returncode == 0 and all(v["changed"] == 0 for v in recap(check.stdout).values()), check.stdout[-3000:]
+    key = testhosts.ssh_key()
+    for host in cluster["hosts"]:
+        ip = {"node1": "198.19.1.11", "node2": "198.19.1.12"}[host.name]
+        res = run([*testhosts.ssh_command(host, key),
+                   "cat /etc/netplan/60-pdinfra-rails.yaml /etc/systemd/system/pdinfra-roce-qos.service; "
+                   "ip -j addr show dev rail0"], log=f"83-rails-files-{host.name}", check=True)  # fmt: skip
+        assert "rail0" in res.stdout and "table: 101" in res.stdout and f"{ip}/24" in res.stdout, res.stdout[-2000:]
+        assert "mtu: 9000" in res.stdout and "ExecStart=" in res.stdout
+
+
 def test_zz_destroy_leaves_nothing_behind(cluster):
     res = run([str(BIN / "pdinfra"), "down"], log="90-down")
     assert res.returncode == 0, res.stdout + res.stderr
