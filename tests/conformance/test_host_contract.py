@@ -68,6 +68,14 @@ def test_instance_descriptor_and_private_environment(host, hv):
         assert f"VLLM_NIXL_SIDE_CHANNEL_PORT={inst['side_channel_port']}" in env.content_string
 
 
+def test_ucx_environment_for_the_serving_units(host):
+    """The ucx role's file, read by every vLLM unit; tcp stays in UCX_TLS (NIXL's UCX wire-up needs it)."""
+    env = host.file("/etc/pdinfra/ucx.env")
+    assert env.exists
+    tls = [line.split("=", 1)[1] for line in env.content_string.splitlines() if line.startswith("UCX_TLS=")]
+    assert tls and "tcp" in tls[0].split(","), env.content_string
+
+
 def test_units_restart_on_failure(host, hv):
     for inst in _instances(hv):
         unit = host.file(f"/etc/systemd/system/pdinfra-vllm-{inst['name']}.service").content_string
