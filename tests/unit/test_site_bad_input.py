@@ -81,3 +81,10 @@ def test_check_config_command_names_the_file(inventory):
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 1
     assert str(inventory / "hosts.yml") in res.stderr and "side_channel_port" in res.stderr, res.stderr
+
+
+def test_example_inventories_pass_the_config_check():
+    for inv in (REPO / "inventory" / "local" / "hosts.yml", REPO / "inventory" / "examples" / "hgx-h100" / "hosts.yml"):
+        res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(inv)],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert res.returncode == 0, (inv, res.stderr)

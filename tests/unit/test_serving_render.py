@@ -1,0 +1,75 @@
+"""The serving units as the vllm_instance role renders them for the GPU example inventory (2 × 8-GPU HGX H100).
+
+Rendered with Ansible's own template module on the controller (no host is contacted), from the role's
+defaults and the inventory's variables: what a real GPU cluster would get in /etc/systemd/system.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+INV = REPO / "inventory" / "examples" / "hgx-h100" / "hosts.yml"
+
+PLAY = """
+- name: Render the vLLM units of every instance
+  hosts: pd_cluster
+  connection: local
+  gather_facts: false
+  vars_files: ["{repo}/roles/vllm_instance/defaults/main.yml"]
+  vars:
+    ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
+  tasks:
+    - name: Unit
+      ansible.builtin.template:
+        src: "{repo}/roles/vllm_instance/templates/pdinfra-vllm.service.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-{{{{ item.name }}}}.service"
+        mode: "0644"
+      loop: "{{{{ vllm_instance_list }}}}"
+    - name: Environment
+      ansible.builtin.template:
+        src: "{repo}/roles/vllm_instance/templates/instance.env.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-{{{{ item.name }}}}.env"
+        mode: "0600"
+      loop: "{{{{ vllm_instance_list }}}}"
+"""
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("units")
+    play = out / "render.yml"
+    play.write_text(PLAY.format(repo=REPO, out=out))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    res = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INV), str(play)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    return out
+
+
+def test_prefill_unit_on_gpus_0_to_3_with_tp4_and_nixl_on_cuda(rendered):
+    unit = (rendered / "hgx-h100-01-prefill0.service").read_text()
+    assert "--tensor-parallel-size 4" in unit and "--block-size 64" in unit
+    assert "-O0" not in unit  # torch.compile stays on for GPUs
+    assert "--model /opt/pdinfra/models/gpt-oss-120b" in unit and "--served-model-name gpt-oss-120b" in unit
+    kv = json.loads(unit.split("--kv-transfer-config '")[1].split("'")[0])
+    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
+                  "kv_connector_extra_config": {"kv_lease_duration": 120}}  # fmt: skip
+    assert "EnvironmentFile=-/etc/pdinfra/ucx.env" in unit
+    assert "ucx-gpu" not in unit  # TP 4: the host-wide UCX file lists every rail
+
+
+def test_decode_env_pins_gpus_and_the_side_channel_to_the_node(rendered):
+    env = (rendered / "hgx-h100-02-decode1.env").read_text()
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7" in env
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST=198.18.0.12" in env and "VLLM_NIXL_SIDE_CHANNEL_PORT=5610" in env
+    assert "OMP_NUM_THREADS" not in env and "PDINFRA_NIXL_PTHR_DELAY_US" not in env  # CPU-profile tuning only
+    unit = (rendered / "hgx-h100-02-decode1.service").read_text()
+    assert '"kv_role": "kv_consumer"' in unit
