@@ -73,3 +73,16 @@ def load(source: Path | str | list[Path | str] = DEFAULT) -> Inventory:
     for h in hostvars:
         hostvars[h].setdefault("inventory_hostname", h)
     return Inventory(source=src, hostvars=hostvars, groups=groups)
+
+
+def serving_address(hostvars: dict[str, Any], host: str) -> str:
+    """The address a node serves on and advertises to NIXL peers: pdinfra_address without its prefix length."""
+    return str(hostvars.get("pdinfra_address") or hostvars.get("ansible_host") or host).split("/")[0]
+
+
+def router_url(all_hostvars: dict[str, dict[str, Any]], routers: list[str]) -> str:
+    """The URL clients use: the first router host, on pdinfra_router_port."""
+    if not routers:
+        raise InventoryError("the inventory has no host in group 'router'")
+    hv = all_hostvars[routers[0]]
+    return f"http://{serving_address(hv, routers[0])}:{int(hv.get('pdinfra_router_port', 8000))}"

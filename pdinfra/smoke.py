@@ -203,19 +203,13 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
 
 def endpoints_from_hostvars(hostvars: dict[str, dict[str, Any]], cluster: list[str], routers: list[str]) -> Endpoints:
     """Router and instance URLs as the inventory declares them."""
+    from pdinfra.inventory import router_url, serving_address
 
-    def addr(h: str) -> str:
-        hv = hostvars[h]
-        return str(hv.get("pdinfra_address") or hv.get("ansible_host") or h).split("/")[0]
-
-    if not routers:
-        raise ValueError("the inventory has no host in group 'router'")
-    r = routers[0]
-    router = f"http://{addr(r)}:{int(hostvars[r].get('pdinfra_router_port', 8000))}"
+    router = router_url(hostvars, routers)
     prefill, decode = [], []
     for h in cluster:
         for inst in hostvars[h].get("pdinfra_instances", []) or []:
-            url = f"http://{addr(h)}:{int(inst['port'])}"
+            url = f"http://{serving_address(hostvars[h], h)}:{int(inst['port'])}"
             (prefill if inst.get("role") == "prefill" else decode).append(url)
     model = hostvars[cluster[0]].get("pdinfra_model", {}) or {}
     return Endpoints(

@@ -22,16 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from pdinfra.bench.plan import BenchEndpoints, BenchPoint, Instance, LayoutEndpoint
-from pdinfra.inventory import Inventory, ansible_bin
+from pdinfra.inventory import Inventory, ansible_bin, router_url, serving_address
 from pdinfra.paths import REPO
 
 
 class LiveBenchError(RuntimeError):
     pass
-
-
-def _addr(hv: dict[str, Any], host: str) -> str:
-    return str(hv.get("pdinfra_address") or hv.get("ansible_host") or host).split("/")[0]
 
 
 def endpoints_from_inventory(inv: Inventory, redeploy: bool = False) -> tuple[BenchEndpoints, str]:
@@ -47,20 +43,20 @@ def endpoints_from_inventory(inv: Inventory, redeploy: bool = False) -> tuple[Be
         hv = inv.hostvars[h]
         for i in hv.get("pdinfra_instances", []) or []:
             gpus = max(1, len(i.get("gpus", []) or []), int(i.get("tensor_parallel_size", 1)))
-            instances.append(Instance(str(i["name"]), str(i["role"]), f"http://{_addr(hv, h)}:{int(i['port'])}", gpus))
+            url = f"http://{serving_address(hv, h)}:{int(i['port'])}"
+            instances.append(Instance(str(i["name"]), str(i["role"]), url, gpus))
     router = routers[0]
-    rv = inv.hostvars[router]
-    router_url = f"http://{_addr(rv, router)}:{int(rv.get('pdinfra_router_port', 8000))}"
+    url = router_url(inv.hostvars, routers)
     decode = tuple(i for i in instances if i.role == "decode")
     first = inv.hostvars[cluster[0]]
     model = first.get("pdinfra_model") or {}
     profile = str(first.get("pdinfra_profile", "gpu"))
     agg_instances = instances if redeploy else list(decode[:1])
     layouts = {
-        "pd": LayoutEndpoint("pd", router_url, tuple(instances)),
+        "pd": LayoutEndpoint("pd", url, tuple(instances)),
         "agg": LayoutEndpoint(
             "agg",
-            router_url if redeploy else decode[0].url,
+            url if redeploy else decode[0].url,
             tuple(Instance(i.name, "agg", i.url, i.gpus) for i in agg_instances),
         ),
     }
