@@ -9,12 +9,6 @@ from __future__ import annotations
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
-KEYS = (
-    "pdinfra_address", "pdinfra_instances", "pdinfra_model", "pdinfra_connector", "pdinfra_profile",
-    "pdinfra_block_size", "pdinfra_dtype", "pdinfra_router_port", "pd_router_prometheus_port",
-    "pdinfra_api_key", "pdinfra_slo", "pdinfra_layout",
-)  # fmt: skip
-
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
@@ -37,7 +31,7 @@ class ActionModule(ActionBase):
         for host in sorted(set(cluster) | set(routers)):
             hv = hostvars[host]
             resolved[host] = {}
-            for key in KEYS:
+            for key in config.VARIABLES:
                 if key in hv:
                     resolved[host][key] = self._templar.template(hv[key])
         problems = config.check(resolved, cluster, routers)

@@ -236,7 +236,7 @@ def wheelhouse(
         "wheelhouse_id": wh.digest(tarball),
         "wheelhouse_mb": round(tarball.stat().st_size / 1e6),
         "pdinfra_src": str(src),
-        "pdinfra_src_id": wh.digest(src).replace("src-", ""),
+        "pdinfra_src_id": wh.digest(src),
     }
     typer.echo(json.dumps(info) if json_out else "\n".join(f"{k}: {v}" for k, v in info.items()))
 

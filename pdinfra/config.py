@@ -20,6 +20,12 @@ CONNECTORS = {
 PROFILES = ("cpu", "gpu")
 ROLES = ("prefill", "decode")
 MODEL_SOURCES = ("tiny", "controller_dir", "node_path", "hf")
+# The host variables check() reads; the Ansible action plugin resolves exactly these.
+VARIABLES = (
+    "pdinfra_address", "pdinfra_instances", "pdinfra_model", "pdinfra_connector", "pdinfra_profile",
+    "pdinfra_layout", "pdinfra_block_size", "pdinfra_dtype", "pdinfra_router_port", "pd_router_prometheus_port",
+    "pdinfra_api_key", "pdinfra_slo",
+)  # fmt: skip
 
 
 def default_block_size(profile: str) -> int:

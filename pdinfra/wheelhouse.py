@@ -117,5 +117,5 @@ def pdinfra_source(cache: Path | None = None) -> Path:
 
 
 def digest(tarball: Path) -> str:
-    """Short content id of a wheelhouse (the tarball name carries its cache key)."""
-    return tarball.stem.split("-", 1)[1]
+    """Short content id of a wheelhouse or source tarball (the last part of its name: ``...-<id>.tar``)."""
+    return tarball.stem.rsplit("-", 1)[1]
