@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: pdinfra_facts
 short_description: Gather pdinfra host facts (kernel, NVIDIA driver, GPUs, NVLink, RDMA, UCX, serving instances)
 description:
-  - Runs C(pdinfra.facts.gather) on the managed host with its own python3 and returns the result as
+  - Runs C(pdinfra.host.facts.gather) on the managed host with its own python3 and returns the result as
     C(ansible_facts.pdinfra). Optional libraries (nvidia-ml-py, cuda-bindings, pyroute2) are used when present;
     their absence is recorded in the facts, never an error.
   - Read-only; supports check mode and never reports a change.

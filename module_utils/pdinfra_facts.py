@@ -1,1 +1,1 @@
-../pdinfra/facts.py
+../pdinfra/host/facts.py

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdinfra import kvshape
 from pdinfra.bench.plan import METRICS, PERCENTILES, SLO, BenchEndpoints, BenchPlan, BenchPoint, pct_word
+from pdinfra.cluster import kvshape
 
 STATS = ("mean", *(f"p{pct_word(p)}" for p in PERCENTILES))  # mean, p50, p90, p99, p99.9
 VALID = "ok"
@@ -853,8 +853,8 @@ def kv_budgets(ra: RunAnalysis) -> list[KVBudget]:
     shape = None
     if ra.endpoints.model_shape:
         try:
-            shape = kvshape.get_shape(ra.endpoints.model_shape)
-        except KeyError:
+            shape = kvshape.for_dtype(kvshape.get_shape(ra.endpoints.model_shape), ra.endpoints.kv_dtype)
+        except (KeyError, ValueError):
             shape = None
     tp = max(1, ra.endpoints.tp)
     out = []

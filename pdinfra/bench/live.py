@@ -22,53 +22,48 @@ from pathlib import Path
 from typing import Any
 
 from pdinfra.bench.plan import BenchEndpoints, BenchPoint, Instance, LayoutEndpoint
-from pdinfra.inventory import Inventory, ansible_bin, router_url, serving_address
+from pdinfra.cluster.inventory import load_cluster
+from pdinfra.cluster.model import Cluster
 from pdinfra.paths import REPO
+from pdinfra.playbook import ansible_bin
 
 
 class LiveBenchError(RuntimeError):
     pass
 
 
-def endpoints_from_inventory(inv: Inventory, redeploy: bool = False) -> tuple[BenchEndpoints, str]:
-    """(endpoints, router host name) for the cluster an inventory describes.
+def endpoints_from_cluster(cluster: Cluster, redeploy: bool = False) -> tuple[BenchEndpoints, str]:
+    """(endpoints, router host name) for the resolved cluster (pdinfra.cluster).
 
     redeploy=False: agg = the first decode instance served directly. redeploy=True: agg = the router in front
-    of every instance redeployed as an aggregated server (the same GPUs as PD)."""
-    cluster, routers = inv.group("pd_cluster"), inv.group("router")
-    if not cluster or not routers:
-        raise LiveBenchError(f"{inv.source}: needs hosts in groups pd_cluster and router")
-    instances: list[Instance] = []
-    for h in cluster:
-        hv = inv.hostvars[h]
-        for i in hv.get("pdinfra_instances", []) or []:
-            gpus = max(1, len(i.get("gpus", []) or []), int(i.get("tensor_parallel_size", 1)))
-            url = f"http://{serving_address(hv, h)}:{int(i['port'])}"
-            instances.append(Instance(str(i["name"]), str(i["role"]), url, gpus))
-    router = routers[0]
-    url = router_url(inv.hostvars, routers)
+    of every instance redeployed as an aggregated server (the same GPUs as PD). Model shape, block size, KV dtype
+    and TP come from the model, so the report's KV predictions are those of the deployed instances."""
+    if not cluster.routers:
+        raise LiveBenchError("the cluster has no router (inventory group 'router')")
+    instances = [Instance(i.name, i.role, i.url, i.gpu_count) for i in cluster.instances]
     decode = tuple(i for i in instances if i.role == "decode")
-    first = inv.hostvars[cluster[0]]
-    model = first.get("pdinfra_model") or {}
-    profile = str(first.get("pdinfra_profile", "gpu"))
+    if not decode:
+        raise LiveBenchError("the cluster has no decode instance")
+    router = cluster.router
     agg_instances = instances if redeploy else list(decode[:1])
     layouts = {
-        "pd": LayoutEndpoint("pd", url, tuple(instances)),
+        "pd": LayoutEndpoint("pd", router.url, tuple(instances)),
         "agg": LayoutEndpoint(
             "agg",
-            url if redeploy else decode[0].url,
+            router.url if redeploy else decode[0].url,
             tuple(Instance(i.name, "agg", i.url, i.gpus) for i in agg_instances),
         ),
     }
-    path = str(model.get("path") or f"/opt/pdinfra/models/{model.get('name', 'model')}")
     endpoints = BenchEndpoints(
-        model=str(model.get("name", "model")),
-        tokenizer=path,
+        model=cluster.model.name,
+        tokenizer=cluster.model.path,
         layouts=layouts,
-        model_shape="tiny" if model.get("source") == "tiny" else model.get("shape"),
-        block_size=int(first.get("pdinfra_block_size", 32 if profile == "cpu" else 64)),
+        model_shape=cluster.model.shape,
+        block_size=cluster.block_size,
+        tp=cluster.tp,
+        kv_dtype=cluster.kv_dtype,
     )
-    return endpoints, router
+    return endpoints, router.host
 
 
 class LayoutDeployer:
@@ -97,11 +92,9 @@ class LayoutDeployer:
     def warm_up(self, layout: str) -> None:
         """Restarted instances pay NIXL's handshake on their first request (0.1-14 s measured): the smoke
         requests take that hit, and prove the layout works, before any point is measured."""
-        from pdinfra import smoke
-        from pdinfra.inventory import load
+        from pdinfra.serving import smoke
 
-        inv = load(self.inventory)
-        ep = smoke.endpoints_from_hostvars(inv.hostvars, inv.group("pd_cluster"), inv.group("router"))
+        ep = smoke.endpoints_from_cluster(load_cluster(self.inventory))
         result = smoke.run(ep, layout=layout)
         if not result.ok:
             failed = "; ".join(f"{p.name}: {p.evidence}" for p in result.proofs if not p.ok)

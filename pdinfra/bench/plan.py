@@ -17,23 +17,14 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from pdinfra.cluster.slo import GOODPUT_KEYS, SLO, fmt_num  # noqa: F401  (re-exported)
+
 LAYOUTS = ("agg", "pd")
 
 #: The percentiles pdinfra asks vLLM for; the result JSON then holds ``p50_ttft_ms`` ... ``p99.9_e2el_ms``.
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 #: The per-request metrics vLLM reports percentiles of (``--percentile-metrics``).
 METRICS = ("ttft", "tpot", "itl", "e2el")
-#: ``--goodput`` accepts only these keys (vllm/benchmarks/serve.py ``check_goodput_args``).
-GOODPUT_KEYS = ("ttft", "tpot", "e2el")
-
-
-def fmt_num(value: float) -> str:
-    """A number as a command-line argument: ``2000.0`` -> ``2000``, ``0.5`` -> ``0.5``, inf -> ``inf``."""
-    if math.isinf(value):
-        return "inf"
-    if float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
 
 
 def pct_word(p: float) -> str:
@@ -221,78 +212,6 @@ def get_plan(name: str, **overrides: Any) -> BenchPlan:
 
 
 @dataclass(frozen=True)
-class SLO:
-    """Service-level objectives (inventory variable ``pdinfra_slo``), all in milliseconds.
-
-    ``ttft_ms``, ``tpot_ms`` and ``e2el_ms`` are per-request bounds: a request is *good* when it met all of
-    those set (vLLM's ``--goodput``). ``itl_p99_ms`` bounds the point's pooled P99 inter-token latency (vLLM's
-    goodput cannot take ITL). A point meets the SLO when at least ``attainment`` of its requests are good and
-    its ITL P99 is within the bound.
-    """
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-    itl_p99_ms: float | None = None
-    attainment: float = 0.9
-
-    def __post_init__(self) -> None:
-        for name in ("ttft_ms", "tpot_ms", "e2el_ms", "itl_p99_ms"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
-                raise ValueError(f"pdinfra_slo.{name} must be a positive number of milliseconds, got {value!r}")
-        if not 0 < self.attainment <= 1:
-            raise ValueError(f"pdinfra_slo.attainment must be in (0, 1], got {self.attainment!r}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> SLO:
-        """From the inventory dict; unknown keys are an error that names the key."""
-        data = dict(data or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"pdinfra_slo: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        kwargs: dict[str, Any] = {}
-        for k, v in data.items():
-            if v is None:
-                continue
-            try:
-                kwargs[k] = float(v)
-            except (TypeError, ValueError):
-                raise ValueError(f"pdinfra_slo.{k} must be a number, got {v!r}") from None
-        if kwargs.get("attainment", 0) > 1:  # 90 -> 0.9
-            kwargs["attainment"] = kwargs["attainment"] / 100
-        return cls(**kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @property
-    def request_bounds(self) -> dict[str, float]:
-        """The per-request bounds that are set, as vLLM's goodput keys (ms)."""
-        return {k: getattr(self, f"{k}_ms") for k in GOODPUT_KEYS if getattr(self, f"{k}_ms") is not None}
-
-    @property
-    def empty(self) -> bool:
-        return not self.request_bounds and self.itl_p99_ms is None
-
-    def goodput_args(self) -> list[str]:
-        """``['--goodput', 'ttft:2000', 'tpot:50']``, or ``[]`` without a per-request bound."""
-        bounds = self.request_bounds
-        if not bounds:
-            return []
-        return ["--goodput", *(f"{k}:{fmt_num(v)}" for k, v in bounds.items())]
-
-    def describe(self) -> str:
-        parts = [f"{k.upper()} <= {fmt_num(v)} ms" for k, v in self.request_bounds.items()]
-        if self.itl_p99_ms is not None:
-            parts.append(f"ITL P99 <= {fmt_num(self.itl_p99_ms)} ms")
-        if not parts:
-            return "no SLO"
-        return f"{', '.join(parts)}; attainment >= {self.attainment * 100:g}% of requests"
-
-
-@dataclass(frozen=True)
 class Instance:
     """One vLLM instance whose ``/metrics`` pdinfra scrapes around each point."""
 
@@ -354,9 +273,10 @@ class BenchEndpoints:
     layouts: dict[str, LayoutEndpoint]
     backend: str = "vllm"
     endpoint: str = "/v1/completions"
-    model_shape: str | None = None  # a pdinfra.kvshape preset, for the KV-transfer budget
+    model_shape: str | None = None  # a pdinfra.cluster.kvshape preset, for the KV-transfer budget
     block_size: int = 16
     tp: int = 1
+    kv_dtype: str | None = None  # the KV cache's dtype as served (None: the model shape's own)
 
     def layout(self, name: str) -> LayoutEndpoint:
         if name not in self.layouts:
@@ -372,6 +292,7 @@ class BenchEndpoints:
             "model_shape": self.model_shape,
             "block_size": self.block_size,
             "tp": self.tp,
+            "kv_dtype": self.kv_dtype,
             "layouts": {k: v.to_dict() for k, v in sorted(self.layouts.items())},
         }
 
@@ -386,4 +307,5 @@ class BenchEndpoints:
             model_shape=data.get("model_shape"),
             block_size=int(data.get("block_size", 16)),
             tp=int(data.get("tp", 1)),
+            kv_dtype=data.get("kv_dtype"),
         )

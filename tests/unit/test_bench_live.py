@@ -7,22 +7,39 @@ from pathlib import Path
 from pdinfra.bench import live
 from pdinfra.bench.plan import get_plan
 from pdinfra.bench.runner import run_sweep
-from pdinfra.inventory import load
+from pdinfra.cluster.inventory import load_cluster
 
 INV = Path(__file__).resolve().parents[2] / "inventory" / "local" / "hosts.yml"
+GPU_INV = Path(__file__).resolve().parents[2] / "inventory" / "examples" / "hgx-h100" / "hosts.yml"
+_CACHE: dict = {}
+
+
+def cluster(inv: Path = INV):
+    if inv not in _CACHE:
+        _CACHE[inv] = load_cluster(inv)
+    return _CACHE[inv]
 
 
 def test_endpoints_of_the_local_cluster():
-    ep, router = live.endpoints_from_inventory(load(INV))
+    ep, router = live.endpoints_from_cluster(cluster())
     assert router == "node1"
     assert ep.layout("pd").base_url == "http://198.18.0.11:8000"
     assert [i.role for i in ep.layout("pd").instances] == ["prefill", "decode"]
     assert ep.layout("agg").base_url == "http://198.18.0.12:8200"  # decode instance direct
     assert ep.tokenizer == "/opt/pdinfra/models/pdinfra-tiny-llama" and ep.block_size == 32
+    assert ep.model_shape == "tiny" and ep.kv_dtype == "bfloat16" and ep.tp == 1  # served in bfloat16
+
+
+def test_gpu_example_bench_predicts_kv_with_the_deployed_geometry():
+    """hgx-h100: TP 4, block size 64, gpt-oss-120b in its own bfloat16 - the same numbers the units deploy."""
+    ep, router = live.endpoints_from_cluster(cluster(GPU_INV))
+    assert router == "hgx-h100-01"
+    assert (ep.model_shape, ep.block_size, ep.tp, ep.kv_dtype) == ("gpt-oss-120b", 64, 4, "bfloat16")
+    assert ep.layout("pd").total_gpus == 16
 
 
 def test_endpoints_with_redeploy_use_every_instance_behind_the_router():
-    ep, _ = live.endpoints_from_inventory(load(INV), redeploy=True)
+    ep, _ = live.endpoints_from_cluster(cluster(), redeploy=True)
     agg = ep.layout("agg")
     assert agg.base_url == "http://198.18.0.11:8000" and agg.total_gpus == 2
     assert {i.role for i in agg.instances} == {"agg"}
@@ -44,7 +61,7 @@ def test_prepare_runs_before_each_point(tmp_path):
     from pdinfra.bench.plan import SLO
     from pdinfra.bench.runner import SweepContext
 
-    ep, _ = live.endpoints_from_inventory(load(INV), redeploy=True)
+    ep, _ = live.endpoints_from_cluster(cluster(), redeploy=True)
     plan = get_plan("small", concurrencies=[1])
     ex = RecordingExecutor()
     ctx = SweepContext(run_id="t", run_dir=tmp_path, slo=SLO.from_dict(None), endpoints=ep, scrape=None)

@@ -117,7 +117,7 @@ def test_argv_is_exact():
     slo = P.SLO.from_dict({"ttft_ms": 2000, "tpot_ms": 50, "itl_p99_ms": 30})
     argv = R.build_argv(point, endpoints(), slo, seed=1234, result_dir="/var/tmp/pdinfra-bench/r1", run_id="r1")
     assert argv == [
-        "/opt/pdinfra/venv/bin/python", "-m", "pdinfra.vllm_bench", "serve",
+        "/opt/pdinfra/venv/bin/python", "-m", "pdinfra.serving.vllm_bench", "serve",
         "--backend", "vllm",
         "--base-url", "http://198.18.0.11:8000",
         "--endpoint", "/v1/completions",
@@ -352,7 +352,7 @@ def test_bench_plan_cmd_prints_every_command():
     import typer
     from typer.testing import CliRunner
 
-    from pdinfra.cli_bench import bench_plan_cmd
+    from pdinfra.cli.bench import bench_plan_cmd
 
     app = typer.Typer()
     app.command("plan")(bench_plan_cmd)
@@ -373,6 +373,6 @@ def test_bench_plan_cmd_prints_every_command():
     text = runner.invoke(app, ["plan", "--plan", "default", "--concurrency", "1,32", "--layouts", "pd"])
     assert text.exit_code == 0, text.output
     assert "pd-isl8192-osl1024-c32" in text.output
-    assert "pdinfra.vllm_bench serve" in text.output
+    assert "pdinfra.serving.vllm_bench serve" in text.output
     bad = runner.invoke(app, ["plan", "--slo", "{itl_p95_ms: 3}"])
     assert bad.exit_code == 2 and "itl_p95_ms" in bad.output

@@ -95,7 +95,7 @@ def test_bench_report_cmd(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from pdinfra.cli_bench import bench_report_cmd
+    from pdinfra.cli.bench import bench_report_cmd
 
     app = typer.Typer()
     app.command("report")(bench_report_cmd)

@@ -1,4 +1,4 @@
-"""pdinfra.facts: replaying recorded and synthesised host trees, the live host, and the NVML recorder."""
+"""pdinfra.host.facts: replaying recorded and synthesised host trees, the live host, and the NVML recorder."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pdinfra import facts as F
+from pdinfra.host import facts as F
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
@@ -223,7 +223,7 @@ def test_facts_module_imports_only_the_standard_library_at_module_level() -> Non
 
 def test_module_utils_symlink_points_at_facts() -> None:
     link = REPO / "module_utils" / "pdinfra_facts.py"
-    assert link.is_symlink() and os.readlink(link) == "../pdinfra/facts.py"
+    assert link.is_symlink() and os.readlink(link) == "../pdinfra/host/facts.py"
     assert link.resolve() == Path(F.__file__).resolve()
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pdinfra import kvshape as K
+from pdinfra.cluster import kvshape as K
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "transfer"
 

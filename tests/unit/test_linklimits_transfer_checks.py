@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pdinfra import linklimits, transfer_checks
-from pdinfra.facts import gather
+from pdinfra.host import linklimits
+from pdinfra.host.facts import gather
+from pdinfra.transfer import checks as transfer_checks
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 RUN = FIX / "recorded" / "h200x2-validate-transfer"

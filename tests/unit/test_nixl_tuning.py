@@ -1,4 +1,4 @@
-"""pdinfra.nixl_tuning: the import hook that sets NIXL's progress-thread delay / switch for vLLM's agents."""
+"""pdinfra.serving.nixl_tuning: the import hook that sets NIXL's progress-thread delay / switch for vLLM's agents."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from pdinfra import nixl_tuning as nt
+from pdinfra.serving import nixl_tuning as nt
 
 
 class FakeConfig:
@@ -41,7 +41,7 @@ def test_patch_sets_delay_and_switch_on_new_agents_only_once():
 def test_real_nixl_agent_is_created_through_the_hook():
     pytest.importorskip("nixl_cu13")
     code = (
-        "from pdinfra import nixl_tuning; nixl_tuning.install();"
+        "from pdinfra.serving import nixl_tuning; nixl_tuning.install();"
         "from nixl._api import nixl_agent, nixl_agent_config;"
         "import nixl_cu13._api as api; print(type(api.nixlBind).__name__);"
         "nixl_agent('t', nixl_agent_config(backends=[]))"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pdinfra import checks
+from pdinfra.host import checks
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "recorded" / "h200x2-live" / "facts.json"
 EXPECT = {"role": "gpu", "gpu_count": 2, "driver_version": "580.159.04", "nvlinks_per_gpu": 18,

@@ -19,6 +19,9 @@ BIN = Path(sys.executable).parent
 INV = REPO / "inventory" / "examples" / "hgx-h100" / "hosts.yml"
 
 PLAY = """
+- name: Resolve the cluster model as site.yml does
+  ansible.builtin.import_playbook: {repo}/playbooks/cluster.yml
+
 - name: Render the vLLM units of every instance
   hosts: pd_cluster
   connection: local

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdinfra import smoke
+from pdinfra.serving import smoke
 
 BEFORE = """# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration for NIXL KV Cache transfers.
 vllm:nixl_xfer_time_seconds_count{engine="0",model_name="pdinfra-tiny-llama"} 3.0
@@ -40,12 +40,27 @@ def test_kv_proof_fails_without_transfers_or_with_failures():
     assert not smoke.kv_proof(smoke.parse_metrics(BEFORE), failed).ok
 
 
-def test_endpoints_from_inventory_values():
+def test_endpoints_come_from_the_resolved_cluster():
+    from pdinfra.cluster.resolve import resolve
+
     hv = {
-        "node1": {"pdinfra_address": "198.18.0.11/24", "pdinfra_router_port": 8000,
-                  "pdinfra_model": {"name": "m"}, "pdinfra_instances": [{"role": "prefill", "port": 8100}]},
-        "node2": {"pdinfra_address": "198.18.0.12/24", "pdinfra_instances": [{"role": "decode", "port": 8200}]},
+        "node1": {"pdinfra_address": "198.18.0.11/24", "pdinfra_router_port": 8000, "pdinfra_profile": "cpu",
+                  "pdinfra_model": {"name": "m", "source": "node_path", "path": "/m"},
+                  "pdinfra_instances": [{"name": "p", "role": "prefill", "port": 8100, "side_channel_port": 5600}]},
+        "node2": {"pdinfra_address": "198.18.0.12/24", "pdinfra_profile": "cpu",
+                  "pdinfra_model": {"name": "m", "source": "node_path", "path": "/m"},
+                  "pdinfra_instances": [{"name": "d", "role": "decode", "port": 8200, "side_channel_port": 5600}]},
     }  # fmt: skip
-    ep = smoke.endpoints_from_hostvars(hv, ["node1", "node2"], ["node1"])
+    res = resolve(hv, {"all": ["node1", "node2"], "pd_cluster": ["node1", "node2"], "router": ["node1"]})
+    assert res.ok, res.problems
+    ep = smoke.endpoints_from_cluster(res.cluster)
     assert ep.router == "http://198.18.0.11:8000" and ep.prefill == ["http://198.18.0.11:8100"]
     assert ep.decode == ["http://198.18.0.12:8200"] and ep.model == "m"
+
+
+def test_smoke_against_nothing_fails_with_evidence_not_a_traceback():
+    ep = smoke.Endpoints(router="http://127.0.0.1:9", prefill=["http://127.0.0.1:9"], decode=["http://127.0.0.1:9"],
+                         model="m")  # fmt: skip
+    res = smoke.run(ep, timeout=2)
+    assert not res.ok and res.proofs[0].name == "decode instances answer /metrics"
+    assert "Connection refused" in res.proofs[0].evidence or "URLError" in res.proofs[0].evidence

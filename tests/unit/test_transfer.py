@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pdinfra import kvshape
 from pdinfra import transfer as T
+from pdinfra.cluster import kvshape
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "transfer"
 HAVE_NIXL, WHY_NOT = T.nixl_available()
@@ -58,7 +58,9 @@ def test_parse_h200_logs():
 def test_native_error_line(tmp_path):
     log = tmp_path / "x.log"
     log.write_text(_h200_logs()["VRAM0-_VRAM1_thr0_UCX_TLS_tcp_sm_self"])
-    msg = T._native_errors(log)
+    from pdinfra.transfer.session import _native_errors
+
+    msg = _native_errors(log)
     assert msg.startswith("config.cpp:84] Invalid UCX_TLS=tcp,sm,self") and "cuda_copy" in msg
 
 
@@ -168,7 +170,7 @@ def test_recorded_h200_results():
 def test_render_table_of_recorded_results():
     from rich.console import Console
 
-    from pdinfra.cli_transfer import render_table
+    from pdinfra.cli.transfer import render_table
 
     _, results = T.load_results(FIXTURES / "h200x2-progthread.json")
     console = Console(width=250, record=True)
@@ -212,7 +214,9 @@ def test_plans_and_layouts():
 
 
 def test_checksum_catches_misplaced_blocks():
-    buf = T._Buffer(T.Endpoint("DRAM"), 64 * 4096)
+    from pdinfra.transfer.worker import _Buffer
+
+    buf = _Buffer(T.Endpoint("DRAM"), 64 * 4096)
     buf.fill(7)
     slots = [0, 2, 4, 6]
     good = buf.checksum(slots, 4096)
@@ -226,7 +230,7 @@ def test_checksum_catches_misplaced_blocks():
 def test_importable_without_nixl_and_torch():
     code = (
         "import sys; sys.modules['nixl'] = None; sys.modules['torch'] = None; sys.modules['numpy'] = None\n"
-        "import pdinfra.transfer as T, pdinfra.cli_transfer, pdinfra.kvshape\n"
+        "import pdinfra.transfer as T, pdinfra.cli.transfer, pdinfra.cluster.kvshape\n"
         "print(T.nixl_available())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -237,9 +241,10 @@ def test_importable_without_nixl_and_torch():
 def test_cli_says_nixl_missing(monkeypatch):
     from typer.testing import CliRunner
 
-    from pdinfra.cli_transfer import transfer_cmd
+    import pdinfra.transfer.session as S
+    from pdinfra.cli.transfer import transfer_cmd
 
-    monkeypatch.setattr(T, "nixl_available", lambda: (False, T.NIXL_MISSING))
+    monkeypatch.setattr(S, "nixl_available", lambda: (False, T.NIXL_MISSING))
     import typer
 
     app = typer.Typer()
@@ -288,7 +293,7 @@ def test_cli_json_real_run():
     import typer
     from typer.testing import CliRunner
 
-    from pdinfra.cli_transfer import transfer_cmd
+    from pdinfra.cli.transfer import transfer_cmd
 
     app = typer.Typer()
     app.command()(transfer_cmd)

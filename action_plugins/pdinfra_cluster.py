@@ -1,0 +1,84 @@
+"""Resolve the cluster description on the controller, before any host is touched (pdinfra.cluster.resolve).
+
+Reads every host's pdinfra and role variables as Ansible resolved them (inventory, group_vars, host_vars and
+-e extra vars alike), templates them, and resolves the cluster model. On success it sets the fact
+``pdinfra_cluster`` (the whole model, without secrets) for the hosts to copy; with ``secrets: true`` it sets
+``pdinfra_secrets`` instead (run that task with no_log). ``output`` writes {problems, cluster} as JSON on the
+controller (``pdinfra check-config`` and the Python consumers read the model that way).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ansible.errors import AnsibleError
+from ansible.plugins.action import ActionBase
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        try:
+            from pdinfra.cluster import resolve, schema
+        except ImportError as exc:
+            raise AnsibleError(f"pdinfra is not importable by the controller's Python: {exc}") from exc
+        args = self._task.args
+        groups = {k: list(v) for k, v in task_vars.get("groups", {}).items()}
+        groups.setdefault(resolve.CLUSTER_GROUP, [])
+        if args.get("cluster_group"):
+            groups[resolve.CLUSTER_GROUP] = groups.get(args["cluster_group"], [])
+        if args.get("router_group"):
+            groups[resolve.ROUTER_GROUP] = groups.get(args["router_group"], [])
+        hostvars = task_vars["hostvars"]
+        wanted = tuple(schema.ROLE_PREFIXES.values())
+        resolved: dict[str, dict] = {}
+        template_problems = []
+        for host in groups.get("all", []):
+            hv = hostvars[host]
+            resolved[host] = {}
+            for key in list(hv):
+                if not isinstance(key, str) or key in ("pdinfra_cluster", "pdinfra_node", "pdinfra_secrets"):
+                    continue
+                if key.startswith("pdinfra_") or key.startswith(wanted) or key == "ansible_host":
+                    try:
+                        resolved[host][key] = self._templar.template(hv[key])
+                    except Exception as exc:  # an undefined variable or a Jinja error inside the value
+                        template_problems.append(resolve.Problem(key, f"cannot be templated: {exc}", host))
+        scope = str(args.get("scope") or "full")
+        if scope not in ("full", "host"):
+            raise AnsibleError(f"scope must be full or host, not {scope!r}")
+        res = resolve.resolve(resolved, groups, task_vars.get("ansible_inventory_sources", []) or [], scope)
+        problems = template_problems + res.problems
+        result["changed"] = False
+        if args.get("output"):
+            Path(args["output"]).write_text(json.dumps({
+                "problems": [{"variable": p.variable, "message": p.message, "host": p.host} for p in problems],
+                "cluster": res.cluster.to_dict() if res.cluster is not None and not problems else None,
+            }))  # fmt: skip
+        if problems:
+            sources = ", ".join(task_vars.get("ansible_inventory_sources", []) or [])
+            result["failed"] = True
+            result["problems"] = [str(p) for p in problems]
+            result["msg"] = resolve.format_problems(problems, sources or None)
+            return result
+        cluster = res.cluster
+        if args.get("secrets"):
+            result["ansible_facts"] = {"pdinfra_secrets": {"api_key": cluster.secrets.api_key,
+                                                           "hf_token": cluster.secrets.hf_token}}  # fmt: skip
+            result["msg"] = "secrets resolved"
+            return result
+        result["ansible_facts"] = {"pdinfra_cluster": cluster.to_dict()}
+        pd = [h.name for h in cluster.pd_hosts]
+        if cluster.model is None:
+            result["msg"] = f"host layer only: {len(cluster.hosts)} hosts, no PD cluster"
+            return result
+        result["msg"] = (
+            f"cluster OK: {len(pd)} PD hosts ({', '.join(pd)}), {len(cluster.instances)} instances, "
+            f"router {cluster.router.url if cluster.routers else 'none'}, block size {cluster.block_size}, "
+            f"layout {cluster.layout}"
+        )
+        return result

@@ -1,0 +1,331 @@
+"""pdinfra command line."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pdinfra import paths
+from pdinfra.cli.bench import bench_plan_cmd, bench_report_cmd
+from pdinfra.cli.host import facts_cmd, validate_cmd
+from pdinfra.cli.transfer import transfer_cmd
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="pdinfra: provision, deploy, validate and benchmark prefill/decode-disaggregated vLLM on bare metal.",
+)
+hosts_app = typer.Typer(no_args_is_help=True, help="Local test hosts (systemd-nspawn nodes) of an inventory.")
+model_app = typer.Typer(no_args_is_help=True, help="Models pdinfra builds itself.")
+bench_app = typer.Typer(no_args_is_help=True, help="SLO benchmarks: vllm bench serve sweeps, analysis, report.")
+app.add_typer(hosts_app, name="hosts")
+app.add_typer(model_app, name="model")
+app.add_typer(bench_app, name="bench")
+console = Console(stderr=True)
+
+Inv = Annotated[
+    Path, typer.Option("--inventory", "-i", help="Ansible inventory (default: the local two-node cluster).")
+]
+DEFAULT_INV = paths.REPO / "inventory" / "local" / "hosts.yml"
+
+
+def _load(inv: Path):
+    """The raw inventory (the test hosts read it)."""
+    from pdinfra.cluster.inventory import InventoryError, load
+
+    try:
+        return load(inv)
+    except InventoryError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _cluster(inv: Path):
+    """The resolved cluster; problems are printed (each naming its variable and host) and end the command."""
+    from pdinfra.cluster.inventory import InventoryError, load_cluster
+    from pdinfra.cluster.resolve import ClusterError
+    from pdinfra.playbook import AnsibleMissing
+
+    try:
+        return load_cluster(inv)
+    except ClusterError as exc:
+        console.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(1) from exc
+    except (InventoryError, AnsibleMissing) as exc:
+        console.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from exc
+
+
+def _progress(msg: str) -> None:
+    console.print(f"[cyan]»[/] {msg}")
+
+
+@app.command()
+def version() -> None:
+    """Print the pdinfra version."""
+    from pdinfra import __version__
+
+    typer.echo(__version__)
+
+
+@app.command("check-config")
+def check_config(
+    inventory: Inv = DEFAULT_INV,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the resolved cluster model as JSON.")] = False,
+) -> None:
+    """Resolve and check the cluster description (no host is contacted): the same check site.yml runs first."""
+    cluster = _cluster(inventory)
+    if json_out:
+        typer.echo(json.dumps(cluster.to_dict(), indent=1))
+        return
+    table = Table("host", "address", "hardware", "instances", title=f"{inventory}", title_justify="left")
+    for h in cluster.hosts:
+        insts = ", ".join(
+            f"{i.name} {i.role} :{i.port} tp{i.tp}" + (f" gpus {','.join(map(str, i.gpus))}" if i.gpus else "")
+            for i in h.instances
+        )
+        table.add_row(h.name + (" (router)" if h.router else ""), h.address or "-", h.hardware, insts or "-")
+    Console(stderr=True).print(table)
+    console.print(
+        f"[green]ok[/] {len(cluster.pd_hosts)} PD hosts, {len(cluster.instances)} instances; {cluster.profile} "
+        f"profile, {cluster.model.name} ({cluster.model.shape or 'no shape'}), block size {cluster.block_size}, "
+        f"dtype {cluster.dtype}, layout {cluster.layout}, router {cluster.router.url}"
+    )
+
+
+# ----------------------------------------------------------------------------- test hosts
+@hosts_app.command("create")
+def hosts_create(inventory: Inv = DEFAULT_INV) -> None:
+    """Boot the inventory's test hosts (Debian 12, systemd as PID 1, SSH) on this machine."""
+    from pdinfra import testhosts
+
+    hosts = testhosts.from_inventory(_load(inventory))
+    if not hosts:
+        console.print(f"{inventory} declares no test hosts (pdinfra_testhost: true)")
+        return
+    try:
+        testhosts.create(hosts, progress=_progress)
+    except testhosts.TestHostError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+
+
+@hosts_app.command("destroy")
+def hosts_destroy(
+    inventory: Inv = DEFAULT_INV,
+    keep_disk: Annotated[
+        bool, typer.Option(help="Keep each host's overlay (installed venv) for a faster re-create.")
+    ] = False,
+) -> None:
+    """Stop the test hosts and remove every process, mount, namespace, veth, bridge and cgroup they used."""
+    from pdinfra import testhosts
+
+    hosts = testhosts.from_inventory(_load(inventory))
+    testhosts.destroy(hosts, progress=_progress, keep_disk=keep_disk)
+    left = testhosts.leftovers(hosts)
+    if left:
+        console.print("[red]left behind:[/] " + ", ".join(left))
+        raise typer.Exit(1)
+    console.print("[green]destroyed[/]: nothing left behind")
+
+
+@hosts_app.command("status")
+def hosts_status(inventory: Inv = DEFAULT_INV) -> None:
+    """Show which test hosts are running."""
+    from pdinfra import testhosts
+
+    table = Table("host", "address", "state", "nspawn pid")
+    for h in testhosts.from_inventory(_load(inventory)):
+        pid = testhosts.running_pid(h)
+        table.add_row(h.name, h.address, "[green]running[/]" if pid else "stopped", str(pid or "-"))
+    Console().print(table)
+
+
+# ----------------------------------------------------------------------------- deploy
+def run_playbook(inventory: Path, extra: list[str] | None = None, check: bool = False) -> int:
+    """Run site.yml: one line per step with its elapsed time; the full Ansible log goes to out/logs/."""
+    from pdinfra.playbook import run_playbook as run
+
+    return run(inventory, "site.yml", extra, check=check, progress=_progress).rc
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def deploy(
+    ctx: typer.Context,
+    inventory: Inv = DEFAULT_INV,
+    check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report what would change.")] = False,
+) -> None:
+    """Run site.yml against the inventory (extra arguments go to ansible-playbook)."""
+    rc = run_playbook(inventory, list(ctx.args), check)
+    raise typer.Exit(rc)
+
+
+@app.command()
+def up(
+    inventory: Inv = DEFAULT_INV,
+    destroy_first: Annotated[bool, typer.Option("--fresh", help="Destroy existing test hosts first.")] = False,
+) -> None:
+    """Everything in one go: test hosts (if the inventory has them), site.yml, smoke summary."""
+    t0 = time.monotonic()
+    _progress("resolving the cluster description")
+    _cluster(inventory)
+    from pdinfra import testhosts
+
+    hosts = testhosts.from_inventory(_load(inventory))
+    if hosts:
+        if destroy_first:
+            testhosts.destroy(hosts, progress=_progress)
+        hosts_create(inventory)
+    rc = run_playbook(inventory)
+    if rc != 0:
+        console.print(f"[red]site.yml failed (exit {rc})[/]")
+        raise typer.Exit(rc)
+    smoke(inventory=inventory, json_out=False, layout=None)
+    console.print(f"[green]pdinfra up: done in {time.monotonic() - t0:.0f} s[/]")
+
+
+@app.command()
+def down(inventory: Inv = DEFAULT_INV) -> None:
+    """Destroy the inventory's local test hosts."""
+    hosts_destroy(inventory, keep_disk=False)
+
+
+# ----------------------------------------------------------------------------- smoke
+@app.command()
+def smoke(
+    inventory: Inv = DEFAULT_INV,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")] = False,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per completion.")] = 16,
+    layout: Annotated[
+        str | None, typer.Option(help="pd or agg (default: the inventory's pdinfra_layout, else pd).")
+    ] = None,
+) -> None:
+    """Completion + streaming completion through the router, proof of P->D KV transfer, greedy equality."""
+    from pdinfra.serving import smoke as smoke_mod
+
+    cluster = _cluster(inventory)
+    ep = smoke_mod.endpoints_from_cluster(cluster)
+    lay = layout or cluster.layout
+    result = smoke_mod.run(ep, max_tokens=max_tokens, layout=lay)
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        table = Table(title=f"pdinfra smoke: router {ep.router}", show_lines=False)
+        table.add_column("proof")
+        table.add_column("verdict")
+        table.add_column("evidence", overflow="fold")
+        for p in result.proofs:
+            table.add_row(p.name, "[green]PASS[/]" if p.ok else "[red]FAIL[/]", p.evidence)
+        Console(width=160).print(table)
+        timing = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
+        Console(width=160).print(f"prefill {', '.join(ep.prefill)} -> decode {', '.join(ep.decode)}; {timing}")
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+# ----------------------------------------------------------------------------- controller helpers used by roles
+@app.command()
+def wheelhouse(
+    python_version: Annotated[str, typer.Option(help="The nodes' Python, e.g. 3.11.")],
+    glibc: Annotated[str, typer.Option(help="The nodes' glibc, e.g. 2.36.")],
+    package: Annotated[list[str], typer.Option(help="A requirement to download (repeat).")],
+    arch: Annotated[str, typer.Option(help="The nodes' architecture.")] = "x86_64",
+    profile: Annotated[str, typer.Option(help="cpu or gpu (informational).")] = "cpu",
+    extra_index_url: Annotated[list[str] | None, typer.Option(help="Extra package index (repeat).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print paths as JSON (for the pd_runtime role).")] = False,
+) -> None:
+    """Download every wheel the nodes need for their Python/glibc, and pack pdinfra's source (cached)."""
+    from pdinfra.serving import wheelhouse as wh
+
+    try:
+        tarball, built = wh.build(package, python_version, glibc, arch, extra_index_url or [])
+    except wh.WheelhouseError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    src = wh.pdinfra_source()
+    info = {
+        "built": built,
+        "profile": profile,
+        "wheelhouse": str(tarball),
+        "wheelhouse_id": wh.digest(tarball),
+        "wheelhouse_mb": round(tarball.stat().st_size / 1e6),
+        "pdinfra_src": str(src),
+        "pdinfra_src_id": wh.digest(src),
+    }
+    typer.echo(json.dumps(info) if json_out else "\n".join(f"{k}: {v}" for k, v in info.items()))
+
+
+@model_app.command("tiny")
+def model_tiny(
+    print_path: Annotated[bool, typer.Option("--print-path", help="Print only the directory.")] = False,
+) -> None:
+    """Build the tiny Llama-shaped test model (config + locally trained tokenizer) on this machine."""
+    from pdinfra.serving import tinymodel
+
+    path = tinymodel.ensure()
+    typer.echo(str(path) if print_path else f"{tinymodel.NAME}: {path}")
+
+
+@bench_app.command("run")
+def bench_run(
+    inventory: Inv = DEFAULT_INV,
+    plan: Annotated[str, typer.Option(help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32) or small.")] = (
+        "default"
+    ),
+    isl: Annotated[str | None, typer.Option(help="Input lengths, e.g. 1024,8192.")] = None,
+    osl: Annotated[str | None, typer.Option(help="Output lengths, e.g. 1024.")] = None,
+    concurrency: Annotated[str | None, typer.Option(help="Max concurrencies, e.g. 1,2,4,8,16,32.")] = None,
+    layouts: Annotated[str | None, typer.Option(help="Layouts to sweep: agg,pd.")] = None,
+    prompts_per_concurrency: Annotated[int | None, typer.Option(help="num_prompts = this x concurrency.")] = None,
+    request_rate: Annotated[str | None, typer.Option(help="Request rate (inf = all at once).")] = None,
+    slo: Annotated[
+        str | None, typer.Option(help="SLO as YAML/JSON or a file; default: the inventory's pdinfra_slo.")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where run directories are written.")] = Path("out/bench/runs"),
+    report: Annotated[Path | None, typer.Option(help="Also write the report here (HTML, Markdown, plots).")] = None,
+    redeploy: Annotated[
+        bool,
+        typer.Option(
+            "--redeploy",
+            help="Redeploy the same instances as aggregated servers behind the router for the agg points "
+            "(same GPUs as PD), and back to PD afterwards. Without it, agg = the first decode instance direct.",
+        ),
+    ] = False,
+) -> None:
+    """Run `vllm bench serve` sweeps of the agg and PD layouts against the deployed cluster, save and report them."""
+    from pdinfra.bench import live
+    from pdinfra.bench.report import text_summary, write_report
+    from pdinfra.bench.runner import run_bench
+    from pdinfra.cli.bench import parse_slo, plan_from_options
+    from pdinfra.cluster.slo import SLO
+
+    cluster = _cluster(inventory)
+    endpoints, router = live.endpoints_from_cluster(cluster, redeploy=redeploy)
+    the_plan = plan_from_options(plan, isl, osl, concurrency, layouts, prompts_per_concurrency, request_rate)
+    the_slo = parse_slo(slo) if slo else SLO.from_dict(cluster.slo)
+    deployer = live.LayoutDeployer(inventory, Path(out) / ".deploy", _progress) if redeploy else None
+    executor = live.AnsibleExecutor(inventory, router, Path(out) / ".fetched", deployer=deployer)
+    try:
+        run_dir = run_bench(the_plan, the_slo, endpoints, executor, live.http_scrape, Path(out),
+                            host={"router": router, "inventory": str(inventory), "redeploy": redeploy})  # fmt: skip
+    finally:
+        if deployer is not None:
+            deployer.ensure("pd")  # leave the cluster as site.yml deploys it
+    console.print(f"[green]run saved[/]: {run_dir}")
+    if report:
+        files = write_report([run_dir], report, the_slo)
+        Console(width=160).print(text_summary(files.runs[0]))
+        console.print(f"report: {files.html}")
+
+
+bench_app.command("plan")(bench_plan_cmd)
+bench_app.command("report")(bench_report_cmd)
+app.command("facts")(facts_cmd)
+app.command("validate")(validate_cmd)
+app.command("transfer")(transfer_cmd)

@@ -1,0 +1,148 @@
+"""Read an inventory the way Ansible resolves it, and resolve it into the cluster model.
+
+:func:`load_cluster` runs the same action plugin (``pdinfra_cluster``) that the first play of ``site.yml`` runs,
+through ``ansible localhost -m pdinfra_cluster``: ``pdinfra check-config``, smoke, bench and the pre-flight play
+therefore see the same variables, templated the same way, and give the same answer. Malformed YAML is reported
+with its file, line and column before Ansible is asked anything.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pdinfra import paths
+from pdinfra.cluster.model import Cluster
+from pdinfra.cluster.resolve import ClusterError, Problem
+from pdinfra.playbook import ansible_bin, ansible_env
+
+DEFAULT = paths.REPO / "inventory" / "local" / "hosts.yml"
+YAML_SUFFIXES = (".yml", ".yaml", "")
+
+
+class InventoryError(RuntimeError):
+    pass
+
+
+@dataclass
+class Inventory:
+    source: Path
+    hostvars: dict[str, dict[str, Any]]
+    groups: dict[str, list[str]]
+
+    def group(self, name: str) -> list[str]:
+        return self.groups.get(name, [])
+
+
+class _AnyTagLoader(yaml.SafeLoader):
+    """Safe YAML that accepts Ansible's tags (!vault, !unsafe) without interpreting them."""
+
+
+_AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def yaml_errors(sources: list[Path]) -> list[str]:
+    """file:line:column: problem, for every inventory YAML file (hosts file, group_vars, host_vars) that does not
+    parse. Ansible would otherwise skip an unparsable hosts file and report an empty inventory."""
+    files: list[Path] = []
+    for src in sources:
+        base = src if src.is_dir() else src.parent
+        if src.is_file():
+            files.append(src)
+        elif src.is_dir():
+            files += [p for p in sorted(src.iterdir()) if p.is_file() and p.suffix in (".yml", ".yaml")]
+        for sub in ("group_vars", "host_vars"):
+            d = base / sub
+            if d.is_dir():
+                files += [p for p in sorted(d.rglob("*")) if p.is_file() and p.suffix in YAML_SUFFIXES]
+    out = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            out.append(f"{f}: cannot read: {exc}")
+            continue
+        if text.lstrip().startswith("$ANSIBLE_VAULT"):
+            continue
+        try:
+            yaml.load(text, Loader=_AnyTagLoader)  # noqa: S506 - a SafeLoader subclass
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            where = f"{f}:{mark.line + 1}:{mark.column + 1}" if mark else str(f)
+            what = " ".join(x for x in (exc.context, exc.problem) if x)
+            out.append(f"{where}: YAML error: {what}")
+        except yaml.YAMLError as exc:
+            out.append(f"{f}: YAML error: {exc}")
+    return out
+
+
+def _sources(source: Path | str | list[Path | str]) -> list[Path]:
+    sources = [Path(s) for s in (source if isinstance(source, list) else [source])]
+    for src in sources:
+        if not src.exists():
+            raise InventoryError(f"inventory {src} does not exist")
+    errors = yaml_errors(sources)
+    if errors:
+        raise InventoryError("the inventory does not parse:\n  " + "\n  ".join(errors))
+    return sources
+
+
+def load(source: Path | str | list[Path | str] = DEFAULT) -> Inventory:
+    """The raw inventory (``ansible-inventory --list``): one source, or several merged in order like repeated
+    ``-i``. Only the test hosts read it raw; everything else reads :func:`load_cluster`."""
+    sources = _sources(source)
+    args = [a for s in sources for a in ("-i", str(s))]
+    res = subprocess.run([ansible_bin("ansible-inventory"), *args, "--list"], capture_output=True, text=True,
+                         cwd=paths.REPO, env=ansible_env(ANSIBLE_INVENTORY_UNPARSED_FAILED="true"))  # fmt: skip
+    if res.returncode != 0:
+        raise InventoryError(f"ansible-inventory could not read {', '.join(map(str, sources))}:\n{res.stderr.strip()}")
+    data = json.loads(res.stdout)
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    groups: dict[str, list[str]] = {}
+
+    def hosts_of(group: str, seen: set[str]) -> list[str]:
+        if group in seen:
+            return []
+        seen.add(group)
+        entry = data.get(group, {})
+        out = list(entry.get("hosts", []))
+        for child in entry.get("children", []):
+            out += hosts_of(child, seen)
+        return out
+
+    for g in data:
+        if g != "_meta":
+            groups[g] = sorted(set(hosts_of(g, set())))
+    for h in groups.get("all", []):
+        hostvars.setdefault(h, {})
+    for h in hostvars:
+        hostvars[h].setdefault("inventory_hostname", h)
+    return Inventory(source=sources[0], hostvars=hostvars, groups=groups)
+
+
+def load_cluster(source: Path | str | list[Path | str] = DEFAULT, extra_vars: list[str] | None = None) -> Cluster:
+    """The resolved cluster of an inventory, through the same action plugin as site.yml's pre-flight play.
+    Raises ClusterError (the problems, each naming its variable and host) or InventoryError."""
+    sources = _sources(source)
+    with tempfile.TemporaryDirectory(prefix="pdinfra-cluster-") as tmp:
+        out = Path(tmp) / "cluster.json"
+        cmd = [ansible_bin("ansible"), *[a for s in sources for a in ("-i", str(s))], "localhost",
+               "-m", "pdinfra_cluster", "-a", json.dumps({"output": str(out)})]  # fmt: skip
+        for e in extra_vars or []:
+            cmd += ["-e", e]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=paths.REPO,
+                             env=ansible_env(ANSIBLE_INVENTORY_UNPARSED_FAILED="true", ANSIBLE_NOCOLOR="1",
+                                             ANSIBLE_LOCALHOST_WARNING="false"))  # fmt: skip
+        if not out.exists():
+            tail = (res.stdout + res.stderr).strip()[-3000:]
+            raise InventoryError(f"Ansible could not resolve {', '.join(map(str, sources))}:\n{tail}")
+        data = json.loads(out.read_text(encoding="utf-8"))
+    if data.get("problems"):
+        raise ClusterError([Problem(**p) for p in data["problems"]], ", ".join(map(str, sources)))
+    return Cluster.from_dict(data["cluster"])

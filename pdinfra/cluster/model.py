@@ -1,0 +1,210 @@
+"""The resolved cluster: every default applied, every derived value computed, once.
+
+:func:`pdinfra.cluster.resolve.resolve` builds a :class:`Cluster` from the inventory; the pre-flight play
+publishes it to the roles (facts ``pdinfra_cluster`` and, per host, ``pdinfra_node``) and to each node
+(``/etc/pdinfra/cluster.json``); smoke, bench, the report, validate and validate --transfer read it.
+Secrets (API key, Hugging Face token) are kept apart in :class:`Secrets` and never serialised with the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "pdinfra-cluster/1"
+NODE_FILE = "/etc/pdinfra/cluster.json"
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    source: str
+    path: str
+    controller_path: str = ""
+    hf_id: str = ""
+    load_format: str = "auto"
+    shape: str | None = None  # a pdinfra.cluster.kvshape preset
+
+
+@dataclass(frozen=True)
+class Instance:
+    host: str
+    index: int
+    name: str
+    role: str  # prefill | decode (the PD role; under layout agg each serves on its own)
+    port: int
+    url: str
+    side_channel_host: str
+    side_channel_port: int
+    gpus: tuple[int, ...]
+    tp: int
+    block_size: int
+    dtype: str
+    kv_dtype: str  # the KV cache's dtype (dtype, or the model's own for auto)
+    model: str  # model directory on the node
+    served_model_name: str
+    kv_role: str  # kv_producer | kv_consumer
+    unit: str
+    cpu_affinity: str = ""
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def var(self) -> str:
+        return f"pdinfra_instances[{self.index}]"
+
+    @property
+    def gpu_count(self) -> int:
+        return max(1, len(self.gpus), self.tp)
+
+
+@dataclass(frozen=True)
+class Rail:
+    netdev: str
+    rdma_dev: str
+    address: str  # with prefix length
+    mtu: int
+    speed_mbps: int | None = None
+
+
+@dataclass(frozen=True)
+class Router:
+    host: str
+    address: str
+    port: int
+    url: str
+    metrics_port: int
+    layout: str
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    in_cluster: bool  # a PD host (group pd_cluster); other hosts get only the host layer
+    address: str | None  # serving address without prefix
+    address_cidr: str | None
+    gpu: bool
+    hardware: str
+    expect: dict[str, Any]
+    rails: tuple[Rail, ...] = ()
+    instances: tuple[Instance, ...] = ()
+    router: Router | None = None
+
+
+@dataclass(frozen=True)
+class Secrets:
+    api_key: str = ""
+    hf_token: str = ""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    profile: str
+    connector: str
+    layout: str
+    block_size: int
+    dtype: str
+    max_model_len: int
+    kv_lease_duration: int
+    venv: str
+    model: Model | None  # None only for a host-layer-only inventory (no pd_cluster)
+    slo: dict[str, Any]
+    hosts: tuple[Host, ...]
+    routers: tuple[Router, ...]
+    secrets: Secrets = field(default_factory=Secrets, compare=False, repr=False)
+
+    # ------------------------------------------------------------------ lookups
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(f"no host {name!r} in the cluster; hosts: {', '.join(h.name for h in self.hosts)}")
+
+    @property
+    def pd_hosts(self) -> list[Host]:
+        return [h for h in self.hosts if h.in_cluster]
+
+    @property
+    def instances(self) -> list[Instance]:
+        return [i for h in self.hosts for i in h.instances]
+
+    def by_role(self, role: str) -> list[Instance]:
+        return [i for i in self.instances if i.role == role]
+
+    @property
+    def router(self) -> Router:
+        if not self.routers:
+            raise KeyError("the cluster has no router (inventory group 'router')")
+        return self.routers[0]
+
+    @property
+    def tp(self) -> int:
+        """The largest tensor-parallel size of the cluster's instances (each rank moves its own KV share)."""
+        return max((i.tp for i in self.instances), default=1)
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.instances[0].kv_dtype if self.instances else self.dtype
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """Everything but the secrets: what the roles and each node's cluster.json get."""
+        data = asdict(self)
+        data.pop("secrets", None)
+        return {"schema": SCHEMA, **_lists(data)}
+
+    def node_file(self, host: str) -> dict[str, Any]:
+        """/etc/pdinfra/cluster.json for one node: the whole cluster and which host it is."""
+        self.host(host)
+        return {**self.to_dict(), "node": host}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Cluster:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"not a pdinfra cluster description (schema {data.get('schema')!r}, want {SCHEMA})")
+
+        def router(r: dict[str, Any] | None) -> Router | None:
+            if not r:
+                return None
+            return Router(**{**r, "prefill": tuple(r["prefill"]), "decode": tuple(r["decode"])})
+
+        hosts = []
+        for h in data["hosts"]:
+            insts = tuple(
+                Instance(**{**i, "gpus": tuple(i["gpus"]), "extra_args": tuple(i.get("extra_args", ()))})
+                for i in h.get("instances", [])
+            )
+            rails = tuple(Rail(**r) for r in h.get("rails", []))
+            hosts.append(Host(**{**h, "instances": insts, "rails": rails, "router": router(h.get("router"))}))
+        return cls(
+            profile=data["profile"],
+            connector=data["connector"],
+            layout=data["layout"],
+            block_size=int(data["block_size"]),
+            dtype=data["dtype"],
+            max_model_len=int(data["max_model_len"]),
+            kv_lease_duration=int(data["kv_lease_duration"]),
+            venv=data["venv"],
+            model=Model(**data["model"]) if data.get("model") else None,
+            slo=dict(data.get("slo") or {}),
+            hosts=tuple(hosts),
+            routers=tuple(r for r in (router(x) for x in data.get("routers", [])) if r),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path = NODE_FILE) -> tuple[Cluster, str | None]:
+        """A node's cluster.json: (cluster, the node's own host name)."""
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return cls.from_dict(data), data.get("node")
+
+
+def _lists(obj: Any) -> Any:
+    """Tuples to lists, recursively, so the dict is what JSON and Ansible round-trip."""
+    if isinstance(obj, dict):
+        return {k: _lists(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_lists(v) for v in obj]
+    return obj

@@ -1,0 +1,712 @@
+"""inventory -> :class:`~pdinfra.cluster.model.Cluster`, or the list of what is wrong with it.
+
+Runs on the controller before any host is touched: ``pdinfra check-config`` calls it with the variables
+``ansible-inventory`` resolved, the first play of ``site.yml`` (action plugin ``pdinfra_cluster``) with the
+variables Ansible templated. Each problem names the variable, the host and the value, and says what is allowed.
+Every default of a cluster variable is applied here, once (the schema in :mod:`pdinfra.cluster.schema`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdinfra.cluster import kvshape, profiles, schema
+from pdinfra.cluster.model import Cluster, Host, Instance, Model, Rail, Router, Secrets
+from pdinfra.cluster.schema import PDINFRA, Var
+from pdinfra.cluster.slo import SLO
+
+CLUSTER_GROUP = "pd_cluster"
+ROUTER_GROUP = "router"
+# Keys of a host's expectations (pdinfra.host.checks.Expect; a test keeps the two in step).
+EXPECT_KEYS = ("role", "gpu_count", "driver_version", "nvlink_version", "nvlinks_per_gpu", "fabric", "rdma",
+               "ucx_tls_required", "min_kernel", "pd_hosts")  # fmt: skip
+# Variables Ansible itself sets or that connections use; never "unknown".
+_BOOL_TRUE = {"true", "yes", "on", "1", "y", "t"}
+_BOOL_FALSE = {"false", "no", "off", "0", "n", "f"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    variable: str
+    message: str
+    host: str | None = None
+
+    def __str__(self) -> str:
+        where = f"host {self.host}: " if self.host else ""
+        return f"{where}{self.variable}: {self.message}"
+
+
+@dataclass
+class Resolution:
+    cluster: Cluster | None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.cluster is not None and not self.problems
+
+
+class ClusterError(ValueError):
+    def __init__(self, problems: list[Problem], source: str | None = None) -> None:
+        self.problems, self.source = problems, source
+        super().__init__(format_problems(problems, source))
+
+
+def format_problems(problems: list[Problem], source: str | None = None) -> str:
+    head = f"The cluster description{f' ({source})' if source else ''} has {len(problems)} problem(s):"
+    return "\n".join([head, *(f"  - {p}" for p in problems)])
+
+
+def default_block_size(profile: str) -> int:
+    """vLLM's CPU attention needs multiples of 32; on GPUs 64 cuts the NIXL descriptors of a request 4x
+    against vLLM's 16 (measured on 2xH200: scattered gpt-oss-120b 8k-token KV 40 ms vs 167 ms, docs/transfer.md)."""
+    return 32 if profile == "cpu" else 64
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Checker:
+    """Type checks against the schema; collects problems."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def add(self, variable: str, message: str, host: str | None = None) -> None:
+        p = Problem(variable, message, host)
+        if p not in self.problems:
+            self.problems.append(p)
+
+    def value(self, var: Var, value: Any, where: str, host: str | None) -> Any:
+        """The value converted to the variable's type, or None after recording a problem."""
+        t = var.type
+        out: Any = value
+        if t in ("int", "port"):
+            if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r"-?\d+", str(value)):
+                self.add(where, f"must be an integer, not {_show(value)}", host)
+                return None
+            out = int(value)
+            lo, hi = (1, 65535) if t == "port" else (var.min, var.max)
+            if (lo is not None and out < lo) or (hi is not None and out > hi):
+                what = "a port number" if t == "port" else "an integer"
+                rng = (
+                    f"{lo}..{hi}"
+                    if lo is not None and hi is not None
+                    else (f">= {lo}" if lo is not None else f"<= {hi}")
+                )
+                self.add(where, f"must be {what} in {rng}, not {out}", host)
+                return None
+        elif t == "bool":
+            if isinstance(value, bool):
+                out = value
+            elif str(value).lower() in _BOOL_TRUE | _BOOL_FALSE:
+                out = str(value).lower() in _BOOL_TRUE
+            else:
+                self.add(where, f"must be true or false, not {_show(value)}", host)
+                return None
+        elif t == "str":
+            if not isinstance(value, str):
+                self.add(where, f"must be a string, not {_show(value)} ({type(value).__name__})", host)
+                return None
+        elif t == "list":
+            if not isinstance(value, list):
+                self.add(where, f"must be a list, not {_show(value)} ({type(value).__name__})", host)
+                return None
+        elif t == "dict":
+            if not isinstance(value, dict):
+                self.add(where, f"must be a mapping, not {_show(value)} ({type(value).__name__})", host)
+                return None
+        elif t == "cidr":
+            text = str(value)
+            try:
+                if "/" not in text:
+                    raise ValueError(text)
+                ipaddress.ip_interface(text)
+            except ValueError:
+                self.add(where, f"{_show(value)} is not an address with prefix length (e.g. 198.18.0.11/24)", host)
+                return None
+        if var.choices is not None and out not in var.choices:
+            choices = [str(c) for c in var.choices]
+            hint = _suggest(str(value), choices)
+            self.add(where, f"must be one of {', '.join(choices)}, not {_show(value)}{hint}", host)
+            return None
+        return out
+
+    def mapping(self, fields_: tuple[Var, ...], data: dict[str, Any], where: str, host: str | None) -> dict[str, Any]:
+        """Check a dict against field schemas: unknown keys, required keys, types. Returns the typed values."""
+        known = {f.name: f for f in fields_}
+        out: dict[str, Any] = {}
+        for key in data:
+            if key not in known:
+                self.add(f"{where}.{key}", f"unknown key; known: {', '.join(known)}{_suggest(str(key), list(known))}",
+                         host)  # fmt: skip
+        for f in fields_:
+            if f.name not in data or data[f.name] is None:
+                if f.required:
+                    self.add(f"{where}.{f.name}", f"is required ({f.description})", host)
+                continue
+            v = self.value(f, data[f.name], f"{where}.{f.name}", host)
+            if v is not None:
+                out[f.name] = v
+        return out
+
+
+def _ansible_internal(name: str) -> bool:
+    return name.startswith(("ansible_", "inventory_", "group_names", "groups", "omit", "playbook_")) or name in (
+        "inventory_hostname", "inventory_hostname_short", "inventory_file", "inventory_dir",
+    )  # fmt: skip
+
+
+def _check_names(ck: _Checker, hostvars: dict[str, dict[str, Any]]) -> None:
+    known_pdinfra = list(PDINFRA)
+    role_vars = {r: list(s.variables) for r, s in schema.role_schemas().items()}
+    for h, hv in hostvars.items():
+        for name in hv:
+            if not isinstance(name, str) or name.startswith("_") or _ansible_internal(name):
+                continue
+            if name.startswith("pdinfra_"):
+                if name not in PDINFRA and name not in ("pdinfra_cluster", "pdinfra_node"):
+                    hint = _suggest(name, known_pdinfra + [n for v in role_vars.values() for n in v])
+                    ck.add(name, f"unknown variable{hint}; see docs/variables.md", h)
+                continue
+            role = schema.role_of(name)
+            if role is not None and name not in role_vars[role]:
+                ck.add(
+                    name,
+                    f"unknown variable of role {role}{_suggest(name, role_vars[role])}; see roles/{role}/README.md",
+                    h,
+                )
+            elif name in schema.DERIVED_ROLE_VARS:
+                ck.add(name, "is derived from the cluster model (pdinfra_instances); set that instead", h)
+
+
+def _check_role_vars(ck: _Checker, hostvars: dict[str, dict[str, Any]]) -> None:
+    """Types and choices by each role's argument_specs (Ansible's own validator), then ranges and patterns."""
+    try:
+        from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    except ImportError:  # pragma: no cover - the controller extras bring ansible-core
+        ArgumentSpecValidator = None  # noqa: N806
+    for h, hv in hostvars.items():
+        for role, rs in schema.role_schemas().items():
+            params = {k: v for k, v in hv.items() if k in rs.variables and k not in schema.DERIVED_ROLE_VARS}
+            if not params:
+                continue
+            validated = params
+            if ArgumentSpecValidator is not None:
+                spec = {k: {kk: vv for kk, vv in rs.variables[k].spec.items() if kk not in ("description", "default")}
+                        for k in params}  # fmt: skip
+                res = ArgumentSpecValidator(spec).validate(dict(params))
+                for msg in res.error_messages:
+                    names = [k for k in params if f"'{k}'" in msg or f"{k}." in msg or f" {k}" in msg]
+                    ck.add(names[0] if names else role, f"{msg} (roles/{role}/meta/argument_specs.yml)", h)
+                validated = res.validated_parameters
+            for k, v in validated.items():
+                if k in schema.ROLE_RANGES:
+                    lo, hi = schema.ROLE_RANGES[k]
+                    try:
+                        n = int(v)
+                    except (TypeError, ValueError):
+                        continue  # reported by the argument spec
+                    if not lo <= n <= hi:
+                        ck.add(k, f"must be in {lo}..{hi}, not {_show(params[k])}", h)
+                if k in schema.ROLE_PATTERNS:
+                    pattern, what = schema.ROLE_PATTERNS[k]
+                    if not re.fullmatch(pattern, str(v)):
+                        ck.add(k, f"must be {what}, not {_show(params[k])}", h)
+        if "rdma_roce_tos" in hv or "rdma_roce_dscp" in hv:
+            tos = hv.get("rdma_roce_tos", schema.role_var("rdma_roce_tos").default)
+            dscp = hv.get("rdma_roce_dscp", schema.role_var("rdma_roce_dscp").default)
+            try:
+                if int(tos) // 4 != int(dscp):
+                    ck.add("rdma_roce_tos", f"{tos}: its DSCP bits (tos >> 2 = {int(tos) // 4}) differ from "
+                           f"rdma_roce_dscp={dscp}; set tos = dscp * 4 (+ ECN bits)", h)  # fmt: skip
+            except (TypeError, ValueError):
+                pass
+        branch, version = hv.get("nvidia_driver_branch"), hv.get("nvidia_driver_version")
+        if branch is not None or version is not None:
+            branch = str(branch if branch is not None else schema.role_var("nvidia_driver_branch").default)
+            version = str(version if version is not None else schema.role_var("nvidia_driver_version").default)
+            if re.fullmatch(r"[0-9]{3}", branch) and not version.startswith(branch + "."):
+                ck.add("nvidia_driver_version", f"{version!r} is not on nvidia_driver_branch {branch!r}", h)
+
+
+def _role_value(hv: dict[str, Any], name: str) -> Any:
+    if name in hv:
+        return hv[name]
+    rv = schema.role_var(name)
+    return rv.default if rv is not None else None
+
+
+def resolve(
+    hostvars: dict[str, dict[str, Any]],
+    groups: dict[str, list[str]],
+    sources: list[str] | tuple[str, ...] = (),
+    scope: str = "full",
+) -> Resolution:
+    """Resolve the inventory. ``hostvars``: every host's variables (as Ansible resolved and templated them);
+    ``groups``: group name -> hosts. Returns the cluster (None when it cannot be built) and every problem.
+
+    ``scope="host"`` (playbooks/host.yml run on its own): an inventory without a PD cluster is fine; the hosts,
+    their rails and expectations are resolved and every variable is still checked, the serving parts are not
+    required."""
+    ck = _Checker()
+    cluster_hosts = list(dict.fromkeys(groups.get(CLUSTER_GROUP, [])))
+    routers = list(dict.fromkeys(groups.get(ROUTER_GROUP, [])))
+    all_hosts = list(dict.fromkeys([*cluster_hosts, *routers, *sorted(hostvars)]))
+    hostvars = {h: dict(hostvars.get(h, {}) or {}) for h in all_hosts}
+    serving = scope != "host" or bool(cluster_hosts)
+    if not cluster_hosts and serving:
+        ck.add(CLUSTER_GROUP, "the inventory has no hosts in group pd_cluster")
+        return Resolution(None, ck.problems)
+    for r in routers:
+        if r not in cluster_hosts:
+            ck.add(ROUTER_GROUP, f"router host {r} is not in group pd_cluster: the router runs from the serving venv "
+                   "that only PD hosts get; add it to pd_cluster")  # fmt: skip
+    if not routers and serving:
+        ck.add(ROUTER_GROUP, "the inventory has no host in group 'router'")
+
+    _check_names(ck, hostvars)
+    _check_role_vars(ck, hostvars)
+
+    # ---------------------------------------------------------------- cluster-wide values
+    def cluster_value(var: Var) -> Any:
+        seen: dict[str, list[str]] = {}
+        first: Any = None
+        have = False
+        for h in cluster_hosts or all_hosts:
+            if var.name in hostvars[h]:
+                raw = hostvars[h][var.name]
+                seen.setdefault(repr(raw), []).append(h)
+                if not have:
+                    first, have = raw, True
+        if len(seen) > 1:
+            detail = "; ".join(f"{', '.join(hs)}: {k}" for k, hs in seen.items())
+            ck.add(var.name, f"differs between hosts ({detail}); it is cluster-wide: set it once in group_vars")
+        if not have:
+            return var.default
+        if first is None:
+            return var.default
+        v = ck.value(var, first, var.name, None)
+        return var.default if v is None else v
+
+    profile = cluster_value(PDINFRA["pdinfra_profile"]) or "gpu"
+    if any(p.variable == "pdinfra_profile" for p in ck.problems):
+        profile = "unknown"  # reported; checks that depend on the profile are skipped rather than guessed
+    connector = cluster_value(PDINFRA["pdinfra_connector"]) or "nixl"
+    layout = cluster_value(PDINFRA["pdinfra_layout"]) or "pd"
+    dtype = cluster_value(PDINFRA["pdinfra_dtype"]) or "auto"
+    max_model_len = cluster_value(PDINFRA["pdinfra_max_model_len"])
+    lease = cluster_value(PDINFRA["pdinfra_kv_lease_duration"])
+    venv = cluster_value(PDINFRA["pdinfra_venv"])
+    block = cluster_value(PDINFRA["pdinfra_block_size"])
+    if block is None:
+        block = default_block_size(profile)
+    if connector == "lmcache":
+        ck.add("pdinfra_connector", "lmcache (LMCacheConnectorV1) is not deployable by pdinfra yet: vllm-router speaks "
+               "only the NixlConnector protocol and LMCache's disagg proxy is not packaged; use 'nixl'")  # fmt: skip
+    _check_block(ck, "pdinfra_block_size", block, profile, None)
+
+    # ---------------------------------------------------------------- model
+    raw_model = cluster_value(PDINFRA["pdinfra_model"])
+    model, hf_token, shape = _model(ck, raw_model, profile) if serving or raw_model is not None else (None, "", None)
+    slo_raw = cluster_value(PDINFRA["pdinfra_slo"]) or {}
+    slo: dict[str, Any] = {}
+    if isinstance(slo_raw, dict):
+        try:
+            slo = SLO.from_dict(slo_raw).to_dict()
+        except (TypeError, ValueError) as exc:
+            ck.add("pdinfra_slo", str(exc).removeprefix("pdinfra_slo: ").removeprefix("pdinfra_slo."))
+    api_key = cluster_value(PDINFRA["pdinfra_api_key"]) or ""
+    if api_key and routers:
+        ck.add("pdinfra_api_key", "vllm-router 0.1.17 in PD mode does not send an API key to the instances (they "
+               "answer its /v1/completions with 401), so instances behind the router cannot require one; leave it "
+               "empty and keep the instance ports on the cluster network")  # fmt: skip
+
+    # ---------------------------------------------------------------- hosts, addresses, instances
+    addresses: dict[str, str] = {}
+    rail_addrs: dict[str, str] = {}
+    hosts: list[Host] = []
+    all_instances: list[Instance] = []
+    names: dict[str, Instance] = {}
+    for h in all_hosts:
+        hv = hostvars[h]
+        in_cluster = h in cluster_hosts
+        addr_cidr, addr = _address(ck, hv, h, in_cluster, addresses)
+        hardware = _host_value(ck, hv, h, "pdinfra_hardware")
+        if hardware is None:
+            hardware = profiles.default_for(profile)
+        elif hardware not in profiles.PROFILES:
+            ck.add("pdinfra_hardware", f"unknown hardware profile {hardware!r}; known: {', '.join(profiles.PROFILES)}"
+                   f"{_suggest(str(hardware), list(profiles.PROFILES))}", h)  # fmt: skip
+            hardware = profiles.default_for(profile)
+        hw = profiles.PROFILES[hardware]
+        if hw.gpu != (profile == "gpu") and in_cluster and profile != "unknown":
+            ck.add("pdinfra_hardware", f"{hardware} is a {'GPU' if hw.gpu else 'CPU'} profile but pdinfra_profile is "
+                   f"{profile}", h)  # fmt: skip
+        gpu_flag = _host_value(ck, hv, h, "pdinfra_gpu")
+        gpu = (profile == "gpu") if gpu_flag is None else bool(gpu_flag)
+        rails = _rails(ck, hv, h, hw, addr, rail_addrs)
+        insts: list[Instance] = []
+        if in_cluster:
+            insts = _instances(ck, hv, h, addr, profile, block, dtype, model, shape, hw, layout, connector)
+            for inst in insts:
+                if inst.name in names:
+                    other = names[inst.name]
+                    ck.add(f"{inst.var}.name", f"{inst.name!r} is also used on {other.host} ({other.var})", h)
+                names[inst.name] = inst
+            _check_ports(ck, hv, h, insts, h in routers)
+        expect = _expect(ck, hv, h, hw, gpu, rails, len(cluster_hosts), profile)
+        hosts.append(Host(h, in_cluster, addr, addr_cidr, gpu, hardware, expect, tuple(rails), tuple(insts)))
+        all_instances += insts
+
+    if serving and not all_instances and not any(p.variable.startswith("pdinfra_instances") for p in ck.problems):
+        ck.add("pdinfra_instances", "no host of pd_cluster declares an instance; declare prefill and decode instances "
+               "in host_vars (see inventory/examples/)")  # fmt: skip
+    if all_instances and layout == "pd" and not any(p.variable.startswith("pdinfra_instances[") for p in ck.problems):
+        for role in ("prefill", "decode"):
+            if not any(i.role == role for i in all_instances):
+                ck.add("pdinfra_instances", f"the cluster has no {role} instance (pdinfra_layout is pd)")
+    _check_consistency(ck, all_instances)
+
+    # ---------------------------------------------------------------- routers
+    router_objs: list[Router] = []
+    for r in routers:
+        hv = hostvars.get(r, {})
+        host = next(x for x in hosts if x.name == r)
+        port = _host_value(ck, hv, r, "pdinfra_router_port")
+        port = PDINFRA["pdinfra_router_port"].default if port is None else port
+        metrics = _role_value(hv, "pd_router_prometheus_port")
+        address = host.address or str(hv.get("ansible_host") or r)
+        router_objs.append(
+            Router(
+                host=r,
+                address=address,
+                port=int(port),
+                url=f"http://{address}:{int(port)}",
+                metrics_port=int(metrics) if str(metrics).isdigit() else 29000,
+                layout=layout,
+                prefill=tuple(i.url for i in all_instances if i.role == "prefill"),
+                decode=tuple(i.url for i in all_instances if i.role == "decode"),
+            )  # fmt: skip
+        )
+    hosts = [
+        Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)}) for h in hosts
+    ]
+
+    if ck.problems or (model is None and serving):
+        return Resolution(None, ck.problems)
+    cluster = Cluster(
+        profile=profile, connector=connector, layout=layout, block_size=int(block), dtype=dtype,
+        max_model_len=int(max_model_len), kv_lease_duration=int(lease), venv=str(venv), model=model, slo=slo,
+        hosts=tuple(hosts), routers=tuple(router_objs), secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
+    )  # fmt: skip
+    return Resolution(cluster, [])
+
+
+def _host_value(ck: _Checker, hv: dict[str, Any], host: str, name: str) -> Any:
+    var = PDINFRA[name]
+    if name not in hv or hv[name] is None:
+        return None
+    return ck.value(var, hv[name], name, host)
+
+
+def _check_block(ck: _Checker, where: str, block: int, profile: str, host: str | None) -> None:
+    if block <= 0 or block & (block - 1):
+        ck.add(where, f"must be a power of two (16, 32, 64, 128...), not {block}", host)
+    elif profile == "cpu" and block % 32:
+        ck.add(where, f"{block}: vLLM's CPU attention backend needs a multiple of 32 on cpu hosts", host)
+
+
+def _model(ck: _Checker, raw: Any, profile: str) -> tuple[Model | None, str, kvshape.KVShape | None]:
+    if raw is None:
+        ck.add("pdinfra_model", "is required: a mapping with at least name and source (see docs/variables.md)")
+        return None, "", None
+    m = ck.mapping(PDINFRA["pdinfra_model"].fields, raw, "pdinfra_model", None)
+    if "name" not in m:
+        return None, "", None
+    source = m.get("source", "node_path")
+    name = str(m["name"])
+    if not name.strip():
+        ck.add("pdinfra_model.name", "is empty (the served model name)")
+    if source == "controller_dir":
+        path = m.get("controller_path")
+        if not path:
+            ck.add("pdinfra_model.controller_path", "is required for source controller_dir")
+        elif not (Path(str(path)) / "config.json").is_file():
+            ck.add("pdinfra_model.controller_path", f"{path}/config.json does not exist on the controller")
+    if source == "hf" and not m.get("hf_id"):
+        ck.add("pdinfra_model.hf_id", "is required for source hf")
+    if source == "tiny" and profile != "cpu":
+        ck.add("pdinfra_model.source", "tiny is the CPU test model; on the gpu profile use hf, node_path or "
+               "controller_dir")  # fmt: skip
+    shape_name = m.get("shape") or ("tiny" if source == "tiny" else None)
+    shape = None
+    if shape_name is not None:
+        try:
+            shape = kvshape.get_shape(str(shape_name))
+        except KeyError:
+            known = ", ".join(sorted(kvshape.PRESETS))
+            hint = _suggest(str(shape_name), list(kvshape.PRESETS))
+            ck.add("pdinfra_model.shape", f"unknown model shape {shape_name!r}; known: {known}{hint}")
+    model = Model(
+        name=name, source=str(source), path=str(m.get("path") or f"/opt/pdinfra/models/{name}"),
+        controller_path=str(m.get("controller_path", "")), hf_id=str(m.get("hf_id", "")),
+        load_format=str(m.get("load_format", "auto")), shape=shape.name if shape else None,
+    )  # fmt: skip
+    return model, str(m.get("hf_token", "") or ""), shape
+
+
+def _address(
+    ck: _Checker, hv: dict[str, Any], host: str, in_cluster: bool, seen: dict[str, str]
+) -> tuple[str | None, str | None]:
+    raw = hv.get("pdinfra_address")
+    if raw in (None, ""):
+        if in_cluster:
+            ck.add("pdinfra_address", "is required (the node's serving address, e.g. 198.18.0.11/24)", host)
+        return None, None
+    v = ck.value(PDINFRA["pdinfra_address"], raw, "pdinfra_address", host)
+    if v is None:
+        return None, None
+    iface = ipaddress.ip_interface(str(v))
+    ip = str(iface.ip)
+    if iface.ip.is_loopback:
+        ck.add("pdinfra_address", f"{v} is a loopback address: NIXL peers cannot reach it", host)
+    if iface.ip.is_unspecified:
+        ck.add("pdinfra_address", f"{v} is the unspecified address: give the node's own address", host)
+    if ip in seen:
+        ck.add("pdinfra_address", f"{ip} is also the address of {seen[ip]}", host)
+    seen[ip] = host
+    return str(v), ip
+
+
+def _rails(ck: _Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProfile, addr: str | None,
+           seen: dict[str, str]) -> list[Rail]:  # fmt: skip
+    nics = hv.get("rdma_roce_nics") or []
+    if not isinstance(nics, list):
+        return []  # the argument spec reported it
+    mtu_raw = _role_value(hv, "rdma_roce_mtu")
+    mtu = int(mtu_raw) if str(mtu_raw).isdigit() else 9000
+    rails: list[Rail] = []
+    netdevs: set[str] = set()
+    for i, nic in enumerate(nics):
+        where = f"rdma_roce_nics[{i}]"
+        if not isinstance(nic, dict) or "netdev" not in nic or "address" not in nic:
+            continue  # the argument spec reported it
+        netdev, address = str(nic["netdev"]), str(nic["address"])
+        if netdev in netdevs:
+            ck.add(f"{where}.netdev", f"{netdev} is listed twice on this host", host)
+        netdevs.add(netdev)
+        try:
+            iface = ipaddress.ip_interface(address)
+            if "/" not in address:
+                raise ValueError(address)
+        except ValueError:
+            ck.add(f"{where}.address", f"{address!r} is not an address with prefix length (e.g. 198.18.1.11/24)", host)
+            continue
+        ip = str(iface.ip)
+        if ip == addr:
+            ck.add(f"{where}.address", f"{ip} is also this host's pdinfra_address: rails need their own subnets", host)
+        if ip in seen:
+            ck.add(f"{where}.address", f"{ip} is also a rail address of {seen[ip]} (copied host_vars?)", host)
+        seen[ip] = host
+        rails.append(Rail(netdev, str(nic.get("rdma_dev", "")), address, mtu, hw.rail_speed_mbps))
+    return rails
+
+
+def _instances(
+    ck: _Checker, hv: dict[str, Any], host: str, addr: str | None, profile: str, block: int, dtype: str,
+    model: Model | None, shape: kvshape.KVShape | None, hw: profiles.HardwareProfile, layout: str, connector: str,
+) -> list[Instance]:  # fmt: skip
+    raw = hv.get("pdinfra_instances", [])
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        ck.add("pdinfra_instances", f"must be a list of instances, not {_show(raw)}", host)
+        return []
+    out: list[Instance] = []
+    spec = PDINFRA["pdinfra_instances"].fields
+    for idx, item in enumerate(raw):
+        var = f"pdinfra_instances[{idx}]"
+        if not isinstance(item, dict):
+            ck.add(var, f"must be a mapping with name, role, port and side_channel_port, not {_show(item)}", host)
+            continue
+        before = len(ck.problems)
+        v = ck.mapping(spec, item, var, host)
+        gpus: tuple[int, ...] = ()
+        raw_gpus = item.get("gpus")
+        if raw_gpus is not None and isinstance(raw_gpus, list):
+            bad = [g for g in raw_gpus if isinstance(g, bool) or not re.fullmatch(r"\d+", str(g))]
+            if bad:
+                ck.add(f"{var}.gpus", f"must list GPU indexes (integers from 0), not {_show(raw_gpus)}", host)
+            else:
+                gpus = tuple(int(g) for g in raw_gpus)
+                if len(set(gpus)) != len(gpus):
+                    ck.add(f"{var}.gpus", f"lists a GPU twice: {list(gpus)}", host)
+        tp = int(v.get("tensor_parallel_size", 1))
+        iblock = int(v.get("block_size", block))
+        if "block_size" in v:
+            _check_block(ck, f"{var}.block_size", iblock, profile, host)
+        if profile == "gpu":
+            if raw_gpus is None or (isinstance(raw_gpus, list) and not raw_gpus):
+                ck.add(f"{var}.gpus", f"is required on the gpu profile: {tp} GPU index(es), 0-based "
+                       "(CUDA_VISIBLE_DEVICES)", host)  # fmt: skip
+            elif gpus and len(gpus) != tp:
+                ck.add(f"{var}.gpus", f"{len(gpus)} GPUs listed but tensor_parallel_size is {tp}", host)
+            count = hw.expect.get("gpu_count")
+            if count and gpus and max(gpus) >= count:
+                ck.add(f"{var}.gpus", f"GPU {max(gpus)} does not exist on a {hw.name} host (GPUs 0..{count - 1}; "
+                       "indexes are 0-based)", host)  # fmt: skip
+        if shape is not None:
+            why = kvshape.tp_problem(shape, tp)
+            if why:
+                ck.add(f"{var}.tensor_parallel_size", why, host)
+        if len(ck.problems) > before or not {"name", "role", "port", "side_channel_port"} <= set(v) or model is None:
+            continue
+        idtype = str(v.get("dtype", dtype))
+        kv_dtype = idtype if idtype != "auto" else (shape.dtype if shape else "auto")
+        address = addr or str(hv.get("ansible_host") or host)
+        out.append(
+            Instance(
+                host=host,
+                index=idx,
+                name=str(v["name"]),
+                role=str(v["role"]),
+                port=int(v["port"]),
+                url=f"http://{address}:{int(v['port'])}",
+                side_channel_host=address,
+                side_channel_port=int(v["side_channel_port"]),
+                gpus=gpus,
+                tp=tp,
+                block_size=iblock,
+                dtype=idtype,
+                kv_dtype=kv_dtype,
+                model=str(v.get("model", model.path)),
+                served_model_name=str(v.get("served_model_name", model.name)),
+                kv_role="kv_producer" if v["role"] == "prefill" else "kv_consumer",
+                unit=f"pdinfra-vllm-{v['name']}.service",
+                cpu_affinity=str(v.get("cpu_affinity", "")),
+                extra_args=tuple(str(a) for a in v.get("extra_args", [])),
+            )  # fmt: skip
+        )
+    # GPUs shared between instances of one host
+    taken: dict[int, str] = {}
+    for inst in out:
+        for g in inst.gpus:
+            if g in taken:
+                ck.add(f"{inst.var}.gpus", f"GPU {g} is already used by {taken[g]}", host)
+            taken[g] = inst.name
+    return out
+
+
+def _check_ports(ck: _Checker, hv: dict[str, Any], host: str, instances: list[Instance], is_router: bool) -> None:
+    used: dict[int, str] = {}
+
+    def claim(port: int, what: str, variable: str) -> None:
+        if port in used:
+            ck.add(variable, f"port {port} collides with {used[port]}", host)
+        else:
+            used[port] = what
+
+    if is_router:
+        rp = hv.get("pdinfra_router_port", PDINFRA["pdinfra_router_port"].default)
+        if str(rp).isdigit():
+            claim(int(rp), "pdinfra_router_port (router)", "pdinfra_router_port")
+        mp = _role_value(hv, "pd_router_prometheus_port")
+        if str(mp).isdigit():
+            claim(int(mp), "pd_router_prometheus_port (router metrics)", "pd_router_prometheus_port")
+    for inst in instances:
+        claim(inst.port, f"{inst.var}.port ({inst.name} HTTP)", f"{inst.var}.port")
+        # vLLM uses base + dp_rank (older builds base + tp_rank): keep a range per instance.
+        for k in range(max(inst.tp, 1)):
+            if inst.side_channel_port + k > 65535:
+                ck.add(
+                    f"{inst.var}.side_channel_port", f"{inst.side_channel_port} + {inst.tp} ranks exceeds 65535", host
+                )
+                break
+            claim(inst.side_channel_port + k, f"{inst.var}.side_channel_port ({inst.name} NIXL side channel)",
+                  f"{inst.var}.side_channel_port")  # fmt: skip
+
+
+def _check_consistency(ck: _Checker, instances: list[Instance]) -> None:
+    if not instances:
+        return
+    ref = instances[0]
+    for inst in instances[1:]:
+        for attr, var in (
+            ("model", "model (pdinfra_model)"),
+            ("served_model_name", "served_model_name (pdinfra_model.name)"),
+            ("block_size", "block_size (pdinfra_block_size)"),
+            ("dtype", "dtype (pdinfra_dtype)"),
+        ):
+            a, b = getattr(ref, attr), getattr(inst, attr)
+            if a != b:
+                ck.add(f"{inst.var}.{var}", f"{inst.name} ({inst.role}) has {b!r} but {ref.name} ({ref.role}) on "
+                       f"{ref.host} has {a!r}; prefill and decode must serve the same model with the same block size "
+                       "and dtype (NIXL's handshake rejects mismatches)", inst.host)  # fmt: skip
+
+
+def _expect(
+    ck: _Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProfile, gpu: bool, rails: list[Rail],
+    pd_hosts: int, profile: str,
+) -> dict[str, Any]:  # fmt: skip
+    """The host expectations the validator judges: hardware profile, driver pin, rails, then pdinfra_expect."""
+    expect: dict[str, Any] = dict(hw.expect)
+    expect["role"] = "gpu" if gpu and hw.gpu else "cpu"
+    expect["pd_hosts"] = pd_hosts
+    if expect["role"] == "gpu":
+        version = _role_value(hv, "nvidia_driver_version")
+        if version:
+            expect["driver_version"] = str(version)
+    if rails:
+        expect["rdma"] = [{"netdev": r.netdev, "address": r.address, "mtu": r.mtu} for r in rails]
+    override = hv.get("pdinfra_expect")
+    if override is not None:
+        if not isinstance(override, dict):
+            ck.add("pdinfra_expect", f"must be a mapping of expectation keys, not {_show(override)}", host)
+        else:
+            for k, v in override.items():
+                if k not in EXPECT_KEYS:
+                    ck.add(f"pdinfra_expect.{k}", f"unknown expectation; known: {', '.join(EXPECT_KEYS)}"
+                           f"{_suggest(str(k), list(EXPECT_KEYS))}", host)  # fmt: skip
+                    continue
+                if (
+                    k in ("gpu_count", "nvlinks_per_gpu", "pd_hosts")
+                    and v is not None
+                    and (isinstance(v, bool) or not re.fullmatch(r"\d+", str(v)))
+                ):
+                    ck.add(f"pdinfra_expect.{k}", f"must be a non-negative integer, not {_show(v)}", host)
+                    continue
+                if k == "fabric" and v is not None and not isinstance(v, bool):
+                    ck.add(f"pdinfra_expect.{k}", f"must be true or false, not {_show(v)}", host)
+                    continue
+                if k == "role" and v not in ("gpu", "cpu"):
+                    ck.add(f"pdinfra_expect.{k}", f"must be gpu or cpu, not {_show(v)}", host)
+                    continue
+                if k == "min_kernel" and not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(v)):
+                    ck.add(f"pdinfra_expect.{k}", f"must be a kernel version such as 5.12, not {_show(v)}", host)
+                    continue
+                if k in ("gpu_count", "nvlinks_per_gpu", "pd_hosts") and v is not None:
+                    v = int(v)
+                expect[k] = v
+    return expect
+
+
+def resolve_or_raise(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]],
+                     sources: list[str] | tuple[str, ...] = ()) -> Cluster:  # fmt: skip
+    res = resolve(hostvars, groups, sources)
+    if not res.ok:
+        raise ClusterError(res.problems, ", ".join(map(str, sources)) or None)
+    assert res.cluster is not None
+    return res.cluster

@@ -1,0 +1,246 @@
+"""The one declarative schema of every user-facing inventory variable.
+
+pdinfra's own variables (``pdinfra_*``) are declared here, with their type, default, allowed values and
+description. The host and serving roles' variables are declared by each role's ``meta/argument_specs.yml``
+(type, choices, description) and ``defaults/main.yml`` (default); this module reads both, and adds the
+ranges the roles enforce at play time (:data:`ROLE_RANGES`) so that :mod:`pdinfra.cluster.resolve` rejects
+them before any host is touched. ``docs/variables.md`` and the role README tables are generated from here
+(:mod:`pdinfra.cluster.docs`); a test fails when they drift.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pdinfra import paths
+
+# Types: str, int, bool, list, dict, port (1..65535), cidr (address/prefix), raw (anything).
+TYPES = ("str", "int", "bool", "list", "dict", "port", "cidr", "raw")
+# Scope: cluster (the same on every PD host: group_vars/all), host (host_vars), router (the router host).
+SCOPES = ("cluster", "host", "router")
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    type: str
+    description: str
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+    min: int | None = None
+    max: int | None = None
+    scope: str = "cluster"
+    required: bool = False
+    secret: bool = False
+    # A default that depends on another variable is described in words; resolve applies it.
+    default_text: str | None = None
+    fields: tuple[Var, ...] = ()  # for dict values (pdinfra_model) and list items (pdinfra_instances)
+    owner: str = "pdinfra"
+
+    def __post_init__(self) -> None:
+        assert self.type in TYPES, (self.name, self.type)
+        assert self.scope in SCOPES, (self.name, self.scope)
+
+    @property
+    def default_doc(self) -> str:
+        if self.default_text is not None:
+            return self.default_text
+        if self.required:
+            return "required"
+        return (
+            "`"
+            + yaml.safe_dump(self.default, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+            + "`"
+        )
+
+
+def _f(name: str, type_: str, description: str, **kw: Any) -> Var:
+    return Var(name, type_, description, **kw)
+
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+LOAD_FORMATS = ("auto", "dummy", "safetensors", "pt")
+
+MODEL_FIELDS = (
+    _f("name", "str", "Served model name (what clients put in `model`).", required=True),
+    _f("source", "str", "Where the model comes from: `tiny` (built on the controller), `controller_dir` (copied "
+       "from the controller), `node_path` (already on the node), `hf` (downloaded on the node).",
+       default="node_path", choices=("tiny", "controller_dir", "node_path", "hf")),
+    _f("path", "str", "Model directory on the node (vLLM's `--model`).", default_text="`/opt/pdinfra/models/<name>`"),
+    _f("controller_path", "str", "Directory on the controller (source `controller_dir`).", default=""),
+    _f("hf_id", "str", "Hugging Face id (source `hf`).", default=""),
+    _f("hf_token", "str", "Hugging Face token (source `hf`); never logged, never written to cluster.json.",
+       default="", secret=True),
+    _f("load_format", "str", "vLLM `--load-format` (`dummy`: random weights, for tests).", default="auto",
+       choices=LOAD_FORMATS),
+    _f("shape", "str", "KV geometry preset (pdinfra.cluster.kvshape) for transfer plans and KV predictions.",
+       default_text="`tiny` for source `tiny`, else none"),
+)  # fmt: skip
+
+INSTANCE_FIELDS = (
+    _f("name", "str", "Unique instance name (unit `pdinfra-vllm-<name>`).", required=True),
+    _f("role", "str", "PD role.", required=True, choices=("prefill", "decode")),
+    _f("port", "port", "HTTP port (OpenAI API and /metrics).", required=True),
+    _f("side_channel_port", "port", "NIXL side-channel port (one per TP rank from here up).", required=True),
+    _f("gpus", "list", "GPU indexes (0-based, CUDA_VISIBLE_DEVICES); one per TP rank. Required on GPU hosts.",
+       default=[]),
+    _f("tensor_parallel_size", "int", "Tensor-parallel size; must divide the model's attention heads.",
+       default=1, min=1, max=64),
+    _f("block_size", "int", "KV block size (power of two; the same on every instance).",
+       default_text="`pdinfra_block_size`"),
+    _f("dtype", "str", "Model dtype.", default_text="`pdinfra_dtype`", choices=DTYPES),
+    _f("model", "str", "Model directory for this instance.", default_text="`pdinfra_model.path`"),
+    _f("served_model_name", "str", "Served model name.", default_text="`pdinfra_model.name`"),
+    _f("cpu_affinity", "str", "systemd CPUAffinity of the unit.", default=""),
+    _f("extra_args", "list", "More vLLM arguments.", default=[]),
+)  # fmt: skip
+
+SLO_FIELDS = (
+    _f("ttft_ms", "raw", "Time-to-first-token bound per request (ms).", default=None),
+    _f("tpot_ms", "raw", "Time-per-output-token bound per request (ms).", default=None),
+    _f("e2el_ms", "raw", "End-to-end latency bound per request (ms).", default=None),
+    _f("itl_p99_ms", "raw", "Bound on a point's pooled P99 inter-token latency (ms).", default=None),
+    _f("attainment", "raw", "Share of good requests a point needs (0-1, or a percentage).", default=0.9),
+)
+
+PDINFRA_VARS: tuple[Var, ...] = (
+    _f("pdinfra_profile", "str", "`cpu`: vLLM's CPU build (the local test cluster); `gpu`: vLLM's CUDA build.",
+       default="gpu", choices=("cpu", "gpu")),
+    _f("pdinfra_hardware", "str", "Hardware profile: GPU count, NVLink, NVSwitch fabric and NIC speed the validator "
+       "expects (pdinfra.cluster.profiles); `pdinfra_expect` overrides single values.", scope="host",
+       default_text="`cpu-node` on the cpu profile, else `gpu-generic`"),
+    _f("pdinfra_expect", "dict", "Overrides of the host expectations (keys as in docs/validation.md).",
+       default={}, scope="host"),
+    _f("pdinfra_gpu", "bool", "Run the GPU host roles (nvidia_driver) on this host.", scope="host",
+       default_text="`true` on the gpu profile"),
+    _f("pdinfra_connector", "str", "KV connector: `nixl` (vLLM NixlConnector); `lmcache` is recognised but refused.",
+       default="nixl", choices=("nixl", "lmcache")),
+    _f("pdinfra_layout", "str", "`pd`: prefill and decode joined by the KV connector; `agg`: the same instances "
+       "as aggregated servers.", default="pd", choices=("pd", "agg")),
+    _f("pdinfra_block_size", "int", "KV block size (tokens per block; a power of two, a multiple of 32 on cpu).",
+       min=1, max=1024, default_text="`32` on cpu, `64` on gpu (4x fewer NIXL descriptors than vLLM's 16)"),
+    _f("pdinfra_dtype", "str", "Model dtype (`auto`: the model's own).", default="auto", choices=DTYPES),
+    _f("pdinfra_max_model_len", "int", "vLLM `--max-model-len`.", default=8192, min=16, max=10_000_000),
+    _f("pdinfra_kv_lease_duration", "int", "Seconds a prefill keeps KV blocks for the decode's read.",
+       default=120, min=1, max=86400),
+    _f("pdinfra_model", "dict", "The model every instance serves.", required=True, fields=MODEL_FIELDS),
+    _f("pdinfra_venv", "str", "The serving virtual environment on every node.", default="/opt/pdinfra/venv"),
+    _f("pdinfra_router_port", "port", "The router's client-facing port.", default=8000, scope="router"),
+    _f("pdinfra_api_key", "str", "API key for the instances (refused while vllm-router fronts them).", default="",
+       secret=True),
+    _f("pdinfra_slo", "dict", "Service-level objectives for `pdinfra bench` (ms).", default={}, fields=SLO_FIELDS),
+    _f("pdinfra_address", "cidr", "The node's serving address with prefix length (e.g. 198.18.0.11/24); NIXL "
+       "advertises it.", required=True, scope="host"),
+    _f("pdinfra_instances", "list", "The vLLM instances on this host.", default=[], scope="host",
+       fields=INSTANCE_FIELDS),
+    _f("pdinfra_testhost", "bool", "A local systemd-nspawn test host that `pdinfra hosts create` boots.",
+       default=False, scope="host"),
+    _f("pdinfra_testhost_links", "list", "Extra netdevs of a test host ({name, address, mtu}).", default=[],
+       scope="host"),
+)  # fmt: skip
+
+# Roles whose variables the schema takes from meta/argument_specs.yml and defaults/main.yml.
+ROLES = ("preflight", "nvidia_driver", "rdma_roce", "ucx", "pd_runtime", "pd_model", "vllm_instance", "pd_router")
+ROLE_PREFIXES = {"preflight": "preflight_", "nvidia_driver": "nvidia_driver_", "rdma_roce": "rdma_roce_",
+                 "ucx": "ucx_", "pd_runtime": "pd_runtime_", "pd_model": "pd_model_",
+                 "vllm_instance": "vllm_instance_", "pd_router": "pd_router_"}  # fmt: skip
+# Ranges and patterns the roles enforce in tasks/validate.yml, checked before any host is touched.
+ROLE_RANGES: dict[str, tuple[int, int]] = {
+    "rdma_roce_mtu": (1280, 9216),
+    "rdma_roce_pfc_priority": (0, 7),
+    "rdma_roce_dscp": (0, 63),
+    "rdma_roce_tos": (0, 255),
+    "rdma_roce_arp_ignore": (0, 8),
+    "rdma_roce_arp_announce": (0, 2),
+    "rdma_roce_rp_filter": (0, 2),
+    "ucx_ib_port": (1, 2),
+    "nvidia_driver_fabric_wait": (0, 3600),
+    "nvidia_driver_reboot_timeout": (60, 7200),
+    "pd_router_prometheus_port": (1, 65535),
+    "pd_router_request_timeout_s": (1, 86400),
+    "pd_router_health_timeout_s": (1, 3600),
+    "vllm_instance_health_timeout_s": (1, 7200),
+    "vllm_instance_cpu_kvcache_gib": (1, 4096),
+    "vllm_instance_nixl_pthr_delay_us": (0, 1_000_000),
+}
+ROLE_PATTERNS: dict[str, tuple[str, str]] = {
+    "nvidia_driver_branch": (r"^[0-9]{3}$", 'a driver branch number such as "580"'),
+    "nvidia_driver_version": (r"^[0-9]{3}\.[0-9]+(\.[0-9]+)?$", 'a full driver version such as "580.159.04"'),
+    "ucx_ib_gid_index": (r"^(auto|[0-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-5])$", "auto or 0..255"),
+}
+# Role variables that are derived from the cluster model (the roles read pdinfra_node / pdinfra_cluster);
+# setting them in the inventory would bypass the model, so resolve refuses them.
+DERIVED_ROLE_VARS = ("vllm_instance_list",)
+
+
+@dataclass(frozen=True)
+class RoleVar:
+    name: str
+    role: str
+    spec: dict[str, Any]
+    default: Any = None
+    has_default: bool = False
+
+    @property
+    def description(self) -> str:
+        d = self.spec.get("description", "")
+        return " ".join(d) if isinstance(d, list) else str(d)
+
+    @property
+    def type(self) -> str:
+        return str(self.spec.get("type", "str"))
+
+
+@dataclass
+class RoleSchema:
+    role: str
+    variables: dict[str, RoleVar] = field(default_factory=dict)
+
+
+def roles_dir() -> Path:
+    return paths.REPO / "roles"
+
+
+@functools.lru_cache(maxsize=1)
+def role_schemas() -> dict[str, RoleSchema]:
+    """Every role's variables: argument_specs (type, choices, description) and defaults/main.yml (default)."""
+    out: dict[str, RoleSchema] = {}
+    for role in ROLES:
+        base = roles_dir() / role
+        specs = yaml.safe_load((base / "meta" / "argument_specs.yml").read_text(encoding="utf-8"))
+        options = ((specs or {}).get("argument_specs", {}).get("main", {}) or {}).get("options", {}) or {}
+        defaults_file = base / "defaults" / "main.yml"
+        defaults = yaml.safe_load(defaults_file.read_text(encoding="utf-8")) if defaults_file.exists() else {}
+        defaults = defaults or {}
+        schema = RoleSchema(role)
+        for name, spec in options.items():
+            schema.variables[name] = RoleVar(name, role, dict(spec), defaults.get(name), name in defaults)
+        out[role] = schema
+    return out
+
+
+def role_var(name: str) -> RoleVar | None:
+    for schema in role_schemas().values():
+        if name in schema.variables:
+            return schema.variables[name]
+    return None
+
+
+def role_of(name: str) -> str | None:
+    """The role a variable name belongs to by its prefix (``rdma_roce_mtu`` -> ``rdma_roce``)."""
+    for role, prefix in ROLE_PREFIXES.items():
+        if name.startswith(prefix):
+            return role
+    return None
+
+
+PDINFRA = {v.name: v for v in PDINFRA_VARS}
+
+
+def known_names() -> list[str]:
+    return sorted([*PDINFRA, *(n for s in role_schemas().values() for n in s.variables)])

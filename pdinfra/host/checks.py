@@ -1,0 +1,909 @@
+"""The host validator: a catalog of small named checks over the facts from :mod:`pdinfra.host.facts`.
+
+Each check takes ``(facts, expect)`` and returns a verdict ("pass", "warn", "fail" or "n/a") with the evidence
+it read and, for anything but a pass, one plain-language remedy. The catalog is documented in
+docs/validation.md; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from pdinfra.host.facts import NVLINK_VERSION_NAMES, parse_version_tuple
+
+PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
+VERDICTS = (PASS, WARN, FAIL, NA)
+LAYERS = ("os", "driver", "gpu", "rdma", "ucx", "serving", "fleet")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
+ROLES = ("prefill", "decode", "both")
+IB_MTUS = (4096, 2048, 1024, 512, 256)
+# iboe_get_mtu(): GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4 bytes come off the netdev MTU.
+ROCE_HEADER_BYTES = 96
+PD_CONSISTENT_KEYS = ("model", "dtype", "block_size", "connector")
+
+Facts = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    id: str
+    title: str
+    verdict: str
+    evidence: str
+    remedy: str = ""
+    layer: str = ""
+    host: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: str
+    evidence: str
+    remedy: str = ""
+
+
+def ok(evidence: str) -> Outcome:
+    return Outcome(PASS, evidence)
+
+
+def warn(evidence: str, remedy: str) -> Outcome:
+    return Outcome(WARN, evidence, remedy)
+
+
+def fail(evidence: str, remedy: str) -> Outcome:
+    return Outcome(FAIL, evidence, remedy)
+
+
+def na(evidence: str) -> Outcome:
+    return Outcome(NA, evidence)
+
+
+@dataclass(frozen=True)
+class RdmaExpect:
+    netdev: str
+    address: str | None = None
+    mtu: int | None = None
+
+    @property
+    def ip(self) -> str | None:
+        return self.address.split("/", 1)[0] if self.address else None
+
+
+@dataclass
+class Expect:
+    """What the inventory declares about one host (docs/validation.md, "Expectations")."""
+
+    role: str = "gpu"
+    gpu_count: int | None = None
+    driver_version: str | None = None
+    nvlink_version: str | None = None
+    nvlinks_per_gpu: int | None = None
+    fabric: bool | None = None
+    rdma: list[RdmaExpect] = field(default_factory=list)
+    ucx_tls_required: list[str] | None = None
+    min_kernel: str = "5.12"
+    pd_hosts: int = 1
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Expect:
+        data = dict(data or {})
+        if "_error" in data:
+            raise ValueError(str(data["_error"]))
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown expectation key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if data.get("role", "gpu") not in ("gpu", "cpu"):
+            raise ValueError(f"role must be 'gpu' or 'cpu', not {data['role']!r}")
+        rdma = []
+        for item in data.pop("rdma", None) or []:
+            if isinstance(item, str):
+                item = {"netdev": item}
+            if not isinstance(item, dict) or "netdev" not in item:
+                raise ValueError(f"each rdma entry needs a 'netdev': {item!r}")
+            extra = set(item) - {"netdev", "address", "mtu"}
+            if extra:
+                raise ValueError(f"unknown rdma key(s) {sorted(extra)} in {item!r}")
+            rdma.append(RdmaExpect(str(item["netdev"]), item.get("address"), item.get("mtu")))
+        if data.get("nvlink_version") is not None:
+            data["nvlink_version"] = normalise_nvlink_version(data["nvlink_version"])
+        if data.get("driver_version") is not None:
+            data["driver_version"] = str(data["driver_version"])
+        return cls(rdma=rdma, **data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Expect:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    @property
+    def gpu(self) -> bool:
+        return self.role == "gpu"
+
+
+def normalise_nvlink_version(value: Any) -> str:
+    """4, "4", "4.0" -> "4.0" (the NVLink generation; NVML's enum value 6 is also 4.0)."""
+    text = str(value).strip()
+    return text if "." in text else f"{int(text)}.0"
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    title: str
+    layer: str
+    fn: Callable[[Facts, Expect], Outcome]
+
+
+CATALOG: list[Check] = []
+
+
+def check(check_id: str, title: str, layer: str) -> Callable[[Callable[[Facts, Expect], Outcome]], Any]:
+    assert layer in LAYERS, layer
+
+    def register(fn: Callable[[Facts, Expect], Outcome]) -> Callable[[Facts, Expect], Outcome]:
+        if any(c.id == check_id for c in CATALOG):
+            raise ValueError(f"duplicate check id {check_id}")
+        CATALOG.append(Check(check_id, title, layer, fn))
+        return fn
+
+    return register
+
+
+# --------------------------------------------------------------------------- helpers over facts
+
+
+def _gpus(facts: Facts) -> dict[str, Any]:
+    return facts.get("gpus") or {}
+
+
+def _devices(facts: Facts) -> list[dict[str, Any]]:
+    return list(_gpus(facts).get("devices") or [])
+
+
+def _needs_platform(expect: Expect) -> bool:
+    """Kernel-level requirements matter for GPU hosts and for anything doing RDMA."""
+    return expect.gpu or bool(expect.rdma)
+
+
+def _kernel_ok(facts: Facts, expect: Expect) -> bool | None:
+    version = (facts.get("kernel") or {}).get("version")
+    if not version:
+        return None
+    return tuple(version) >= tuple(parse_version_tuple(expect.min_kernel) or (0, 0, 0))
+
+
+def _config(facts: Facts) -> tuple[str | None, str | None]:
+    kernel = facts.get("kernel") or {}
+    return (kernel.get("config") or {}).get("CONFIG_DMA_SHARED_BUFFER"), kernel.get("config_source")
+
+
+def _has_fabric(facts: Facts, expect: Expect) -> bool:
+    if expect.fabric:
+        return True
+    return any((d.get("fabric") or {}).get("state") not in (None, "Not Supported") for d in _devices(facts))
+
+
+def _ports_for(facts: Facts, netdev: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    found = []
+    for dev in (facts.get("rdma") or {}).get("devices") or []:
+        for port in dev.get("ports") or []:
+            if netdev in (dev.get("netdevs") or []) or any(g.get("ndev") == netdev for g in port.get("gids", [])):
+                found.append((dev, port))
+    return found
+
+
+def _gid_address(gid: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        addr = ipaddress.IPv6Address(gid)
+    except ValueError:
+        return None
+    return addr.ipv4_mapped or addr
+
+
+def roce_mtu(netdev_mtu: int, max_mtu: int = 4096) -> int:
+    """The RoCE active MTU the kernel derives from a netdev MTU (iboe_get_mtu)."""
+    usable = netdev_mtu - ROCE_HEADER_BYTES
+    return next((m for m in IB_MTUS if m <= usable and m <= max_mtu), 256)
+
+
+def _join(items: Iterable[str], limit: int = 6) -> str:
+    items = list(items)
+    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
+    return "; ".join(items[:limit]) + more
+
+
+# --------------------------------------------------------------------------- os layer
+
+
+@check("os.kernel_version", "Kernel is new enough for dma-buf GPUDirect RDMA", "os")
+def kernel_version(facts: Facts, expect: Expect) -> Outcome:
+    if not _needs_platform(expect):
+        return na("CPU-role host without RDMA: no kernel floor")
+    release = (facts.get("kernel") or {}).get("release")
+    good = _kernel_ok(facts, expect)
+    if good is None:
+        return warn("kernel release unknown", "Read /proc/sys/kernel/osrelease (uname -r) on the host.")
+    if good:
+        return ok(f"kernel {release} >= {expect.min_kernel}")
+    return fail(
+        f"kernel {release} < {expect.min_kernel}",
+        f"Boot a kernel >= {expect.min_kernel} (e.g. the distribution's HWE kernel); dma-buf GPUDirect RDMA "
+        "needs it and the NVIDIA open module cannot export GPU memory as dma-buf on older kernels.",
+    )
+
+
+@check("os.kernel_dmabuf_config", "Kernel built with CONFIG_DMA_SHARED_BUFFER", "os")
+def kernel_dmabuf_config(facts: Facts, expect: Expect) -> Outcome:
+    if not _needs_platform(expect):
+        return na("CPU-role host without RDMA")
+    value, source = _config(facts)
+    if source is None:
+        return warn(
+            "kernel config not readable (no /proc/config.gz, no /boot/config-<release>)",
+            "Install the kernel's config file (linux-image package ships /boot/config-*) so it can be checked.",
+        )
+    if value == "y":
+        return ok(f"CONFIG_DMA_SHARED_BUFFER=y ({source})")
+    return fail(
+        f"CONFIG_DMA_SHARED_BUFFER={value or 'absent'} ({source})",
+        "Use a kernel built with CONFIG_DMA_SHARED_BUFFER=y (every mainstream distribution kernel is).",
+    )
+
+
+@check("os.iommu", "IOMMU does not translate GPU peer traffic", "os")
+def iommu(facts: Facts, expect: Expect) -> Outcome:
+    if not _needs_platform(expect):
+        return na("CPU-role host without RDMA")
+    info = (facts.get("boot") or {}).get("iommu") or {}
+    mode = info.get("mode", "unknown")
+    flags = " ".join(info.get("cmdline_flags") or []) or "none"
+    if mode in ("passthrough", "off"):
+        return ok(f"IOMMU {mode} (cmdline flags: {flags})")
+    if mode == "translated":
+        return warn(
+            f"IOMMU translating DMA ({len(info.get('units') or [])} units, cmdline flags: {flags})",
+            "Add iommu=pt to the kernel command line (or disable the IOMMU/ACS for GPU and NIC ports) so GPU "
+            "P2P and GPUDirect RDMA are not redirected through the root complex.",
+        )
+    return warn(
+        "IOMMU state unknown (/sys/class/iommu or /proc/cmdline not readable)",
+        "Check /proc/cmdline and /sys/class/iommu on the host.",
+    )
+
+
+@check("os.secure_boot", "Secure Boot state known and compatible with the NVIDIA module", "os")
+def secure_boot(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.gpu:
+        return na("CPU-role host")
+    state = (facts.get("boot") or {}).get("secure_boot", "unknown")
+    if state == "enabled":
+        return warn(
+            "Secure Boot enabled",
+            "Make sure the NVIDIA modules are signed with a key enrolled in MOK (DKMS signing), or they will "
+            "not load after a kernel or driver update.",
+        )
+    if state == "unknown":
+        return warn("Secure Boot state unknown (EFI variable unreadable)", "Check `mokutil --sb-state`.")
+    return ok(f"Secure Boot: {state}")
+
+
+# --------------------------------------------------------------------------- driver layer
+
+
+@check("driver.open_module", "NVIDIA open kernel module is loaded", "driver")
+def open_module(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.gpu:
+        return na("CPU-role host")
+    drv = facts.get("nvidia_driver") or {}
+    if not drv.get("loaded"):
+        return fail(
+            drv.get("reason") or "NVIDIA kernel driver not loaded",
+            "Install the NVIDIA driver (open flavour) and load it: `modprobe nvidia`; check dmesg for errors.",
+        )
+    if drv.get("flavour") == "open":
+        return ok(f"open kernel module {drv.get('version')}")
+    return fail(
+        f"{drv.get('flavour') or 'unknown'} kernel module: {drv.get('banner', '')}",
+        "Replace the proprietary module with the open one at the same version (e.g. "
+        "nvidia-driver-<branch>-open "
+        "or the .run installer with -m=kernel-open) and reboot; dma-buf GPUDirect RDMA needs the open "
+        "module.",
+    )
+
+
+@check("driver.version", "Driver at the pinned version", "driver")
+def driver_version(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.gpu:
+        return na("CPU-role host")
+    module = (facts.get("nvidia_driver") or {}).get("version")
+    library = _gpus(facts).get("driver_version")
+    if module and library and module != library:
+        return fail(
+            f"kernel module {module} but NVML library {library}",
+            "Kernel module and user-space driver differ (a half-finished upgrade): reboot, or reinstall the "
+            "driver packages at one version.",
+        )
+    found = module or library
+    if expect.driver_version is None:
+        return na(f"no driver_version pinned (found {found or 'none'})")
+    if found == expect.driver_version:
+        return ok(f"driver {found}")
+    return fail(
+        f"driver {found or 'not loaded'}, pinned {expect.driver_version}",
+        f"Install driver {expect.driver_version} (and hold the packages) or update the pin in the inventory.",
+    )
+
+
+@check("driver.nouveau_absent", "nouveau is not loaded", "driver")
+def nouveau_absent(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.gpu:
+        return na("CPU-role host")
+    mods = facts.get("modules") or {}
+    if not mods.get("available"):
+        return warn("/proc/modules not readable: cannot tell", "Run `lsmod | grep nouveau` on the host.")
+    if (mods.get("loaded") or {}).get("nouveau"):
+        return fail(
+            "nouveau is loaded",
+            "Blacklist nouveau (/etc/modprobe.d: `blacklist nouveau`, `options nouveau modeset=0`), "
+            "rebuild the "
+            "initramfs and reboot.",
+        )
+    return ok("nouveau not loaded")
+
+
+@check("driver.persistence_mode", "Persistence mode on every GPU", "driver")
+def persistence_mode(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.gpu:
+        return na("CPU-role host")
+    devices = _devices(facts)
+    if not devices:
+        return na("no GPUs to inspect (see gpu.count)")
+    off = [str(d.get("index")) for d in devices if d.get("persistence_mode") is False]
+    unknown = [str(d.get("index")) for d in devices if d.get("persistence_mode") is None]
+    if off:
+        return fail(
+            f"persistence mode off on GPU {', '.join(off)}",
+            "Enable the persistence daemon: `systemctl enable --now nvidia-persistenced`.",
+        )
+    if unknown:
+        return warn(
+            f"persistence mode not recorded for GPU {', '.join(unknown)}",
+            "Check `nvidia-smi -q | grep -i persistence` on the host.",
+        )
+    return ok(f"persistence mode on for all {len(devices)} GPUs")
+
+
+@check("driver.peermem", "Legacy nvidia_peermem state (informational)", "driver")
+def peermem(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.gpu:
+        return na("CPU-role host")
+    mods = facts.get("modules") or {}
+    loaded = (mods.get("loaded") or {}).get("nvidia_peermem") if mods.get("available") else None
+    sysfs = mods.get("peermem_sysfs")
+    dmabuf = dmabuf_usable(facts, expect).verdict == PASS
+    state = {True: "loaded", False: "not loaded", None: "unknown"}[loaded if not sysfs else True]
+    evidence = f"nvidia_peermem {state}; dma-buf path {'usable' if dmabuf else 'not usable'}"
+    if expect.rdma and not dmabuf and state != "loaded":
+        return warn(
+            evidence + ": GPUDirect RDMA has neither path",
+            "Fix dma-buf (see gpu.dmabuf); loading the legacy nvidia_peermem needs MOFED/DOCA-OFED.",
+        )
+    return ok(evidence)
+
+
+# --------------------------------------------------------------------------- gpu layer
+
+
+@check("gpu.count", "GPU count as declared", "gpu")
+def gpu_count(facts: Facts, expect: Expect) -> Outcome:
+    gpus = _gpus(facts)
+    if not expect.gpu:
+        return na(f"CPU-role host ({'GPUs present' if gpus.get('present') else 'no GPU'})")
+    if not gpus.get("present"):
+        return fail(
+            gpus.get("reason") or "no GPU facts",
+            "Check that the driver is loaded and `nvidia-smi -L` lists the GPUs; look for Xid 79 "
+            "(fallen off the bus) in dmesg.",
+        )
+    count = int(gpus.get("count") or 0)
+    names = sorted({d.get("name", "?") for d in _devices(facts)})
+    if expect.gpu_count is None or count == expect.gpu_count:
+        return ok(f"{count} GPU(s): {', '.join(names)}")
+    return fail(
+        f"{count} GPU(s) visible, {expect.gpu_count} declared",
+        "Find the missing GPU with `nvidia-smi -L` and `lspci -d 10de:`; reseat it or open a hardware "
+        "ticket, "
+        "or fix gpu_count in the inventory.",
+    )
+
+
+@check("gpu.pci_count", "NVIDIA GPUs on the PCI bus as declared (no driver needed)", "gpu")
+def gpu_pci_count(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.gpu:
+        return na("CPU-role host")
+    pci = facts.get("pci") or {}
+    if not pci.get("available"):
+        return warn(f"PCI devices not readable ({pci.get('reason', 'no pci facts')})", "Read /sys/bus/pci/devices.")
+    found = list(pci.get("gpus") or [])
+    unreadable = list(pci.get("unreadable") or [])
+    nvml = _gpus(facts)
+    detail = f"{len(found)} NVIDIA GPU function(s) on the PCI bus" + (f" [{_join(found, 8)}]" if found else "")
+    if unreadable:
+        return warn(
+            f"{detail}; vendor unreadable for {len(unreadable)} display/3D function(s) [{_join(unreadable, 4)}]",
+            "Read /sys/bus/pci/devices/*/vendor on the host (a recorded tree may lack it).",
+        )
+    if not found:
+        return fail("no NVIDIA GPU on the PCI bus", "Check the GPUs are seated and powered: `lspci -d 10de:`.")
+    if nvml.get("present") and int(nvml.get("count") or 0) < len(found):
+        return fail(
+            f"{detail}, but NVML sees {nvml.get('count')}",
+            "A GPU is on the bus but not usable by the driver (Xid 79, fallen off the bus?): check dmesg, reset or "
+            "reseat it.",
+        )
+    if expect.gpu_count is None:
+        return ok(f"{detail} (no count declared)")
+    if len(found) < expect.gpu_count:
+        return fail(f"{detail}, {expect.gpu_count} declared",
+                    "Find the missing GPU (`lspci -d 10de:`); reseat it or open a hardware ticket, or fix the "
+                    "hardware profile / pdinfra_expect.gpu_count.")  # fmt: skip
+    if len(found) > expect.gpu_count:
+        return warn(f"{detail}, only {expect.gpu_count} declared", "Declare the GPU count the host really has.")
+    return ok(detail)
+
+
+@check("gpu.nvlink", "Every NVLink up at the expected version", "gpu")
+def nvlink(facts: Facts, expect: Expect) -> Outcome:
+    devices = _devices(facts)
+    if not expect.gpu or not devices:
+        return na("no GPUs to inspect")
+    if not any(d.get("nvlinks") for d in devices) and expect.nvlinks_per_gpu is None:
+        return na("no NVLinks reported and none declared (PCIe-only GPUs)")
+    problems, summary = [], set()
+    for d in devices:
+        links = d.get("nvlinks") or []
+        active = [lk for lk in links if lk.get("active")]
+        down = [str(lk.get("link")) for lk in links if not lk.get("active")]
+        versions = sorted({NVLINK_VERSION_NAMES.get(lk.get("version"), str(lk.get("version"))) for lk in active})
+        summary.add(f"{len(active)} links NVLink {'/'.join(versions) or '-'}")
+        wanted = expect.nvlinks_per_gpu if expect.nvlinks_per_gpu is not None else len(links)
+        if len(active) < wanted:
+            inactive = f" (link {','.join(down)} inactive)" if down else ""
+            problems.append(f"GPU{d.get('index')}: {len(active)}/{wanted} active{inactive}")
+        if expect.nvlink_version and any(v != expect.nvlink_version for v in versions):
+            problems.append(f"GPU{d.get('index')}: NVLink {'/'.join(versions)}, expected {expect.nvlink_version}")
+    if problems:
+        return fail(
+            _join(problems),
+            "Inspect with `nvidia-smi nvlink -s` and `nvidia-smi nvlink -e`; a link that stays down on HGX "
+            "needs a full power cycle and, if it persists, a baseboard RMA.",
+        )
+    return ok(f"{len(devices)} GPUs, each {', '.join(sorted(summary))}")
+
+
+@check("gpu.p2p", "Peer-to-peer OK between every GPU pair", "gpu")
+def p2p(facts: Facts, expect: Expect) -> Outcome:
+    devices = _devices(facts)
+    if not expect.gpu or len(devices) < 2:
+        return na("fewer than two GPUs")
+    key = "nvlink" if any(d.get("nvlinks") for d in devices) else "read"
+    pairs = _gpus(facts).get("p2p") or []
+    wanted = len(devices) * (len(devices) - 1) // 2
+    bad = [f"GPU{p['a']}-GPU{p['b']}: {p.get(key)}" for p in pairs if p.get(key) not in (None, "OK")]
+    unknown = [p for p in pairs if p.get(key) is None]
+    if bad:
+        return fail(
+            _join(bad),
+            "Check `nvidia-smi topo -p2p n`; P2P over NVLink needs the fabric up (gpu.fabric) and, over "
+            "PCIe, "
+            "ACS disabled on the switches and iommu=pt.",
+        )
+    if len(pairs) < wanted or unknown:
+        return warn(f"{len(pairs) - len(unknown)}/{wanted} pairs recorded", "Re-gather facts with NVML.")
+    return ok(f"{wanted} pair(s): {key} P2P OK")
+
+
+@check("gpu.pcie", "PCIe link width at maximum (generation reported)", "gpu")
+def pcie(facts: Facts, expect: Expect) -> Outcome:
+    devices = _devices(facts)
+    if not expect.gpu or not devices:
+        return na("no GPUs to inspect")
+    narrow, unknown, seen = [], [], set()
+    for d in devices:
+        p = d.get("pcie") or {}
+        if p.get("cur_width") is None or p.get("max_width") is None:
+            unknown.append(str(d.get("index")))
+            continue
+        seen.add(f"Gen{p.get('cur_gen')} x{p['cur_width']} (max Gen{p.get('max_gen')} x{p['max_width']})")
+        if p["cur_width"] < p["max_width"]:
+            narrow.append(f"GPU{d.get('index')} {d.get('bus_id')}: x{p['cur_width']} < x{p['max_width']}")
+    if narrow:
+        return fail(
+            _join(narrow),
+            "A GPU trained at reduced width: reseat it/its riser and check the slot; width (unlike "
+            "generation) "
+            "does not drop at idle.",
+        )
+    if unknown:
+        return warn(f"PCIe link not recorded for GPU {', '.join(unknown)}", "Re-gather facts with NVML.")
+    return ok(_join(sorted(seen)) + "; generation can drop at idle and is not judged")
+
+
+@check("gpu.fabric", "NVSwitch fabric registered (Completed/Success)", "gpu")
+def fabric(facts: Facts, expect: Expect) -> Outcome:
+    devices = _devices(facts)
+    if not expect.gpu or not devices:
+        return na("no GPUs to inspect")
+    if not _has_fabric(facts, expect):
+        return na("no NVSwitch fabric declared or reported")
+    bad = []
+    for d in devices:
+        f = d.get("fabric") or {}
+        if f.get("state") != "Completed" or f.get("status") != "Success":
+            bad.append(f"GPU{d.get('index')}: {f.get('state')}/{f.get('status')}")
+    if bad:
+        return fail(
+            _join(bad),
+            "Start nvidia-fabricmanager at the driver's exact version (`systemctl enable --now "
+            "nvidia-fabricmanager`) and read its log (/var/log/fabricmanager.log); CUDA reports 'system not "
+            "yet initialized' until the fabric completes.",
+        )
+    return ok(f"fabric Completed/Success on all {len(devices)} GPUs")
+
+
+@check("gpu.fabric_manager", "Fabric manager at the driver version", "gpu")
+def fabric_manager(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.gpu or not _devices(facts):
+        return na("no GPUs to inspect")
+    if not _has_fabric(facts, expect):
+        return na("no NVSwitch fabric declared or reported")
+    fm = facts.get("fabric_manager") or {}
+    driver = (facts.get("nvidia_driver") or {}).get("version") or _gpus(facts).get("driver_version")
+    completed = all((d.get("fabric") or {}).get("state") == "Completed" for d in _devices(facts))
+    if not fm.get("installed"):
+        if completed:
+            return ok(
+                "no fabric manager in this OS; the fabric reports Completed, so it is managed outside it "
+                "(e.g. by the hypervisor host)"
+            )
+        return fail(
+            "fabric manager not installed and fabric not completed",
+            f"Install nvidia-fabricmanager {driver} (same version as the driver) and enable it.",
+        )
+    if fm.get("version") != driver:
+        return fail(
+            f"fabric manager {fm.get('version')} but driver {driver}",
+            f"Install nvidia-fabricmanager at exactly {driver} and hold both packages together.",
+        )
+    if fm.get("service") not in (None, "active"):
+        return fail(
+            f"fabric manager {fm.get('version')} installed but service is {fm.get('service')}",
+            "`systemctl enable --now nvidia-fabricmanager`; read /var/log/fabricmanager.log.",
+        )
+    return ok(f"fabric manager {fm.get('version')} == driver {driver} (service {fm.get('service') or 'unknown'})")
+
+
+@check("gpu.dmabuf", "dma-buf GPUDirect RDMA usable (CUDA attribute + kernel)", "gpu")
+def dmabuf_usable(facts: Facts, expect: Expect) -> Outcome:
+    devices = _devices(facts)
+    if not expect.gpu or not devices:
+        return na("no GPUs to inspect")
+    blockers = []
+    if _kernel_ok(facts, expect) is False:
+        blockers.append(f"kernel {(facts.get('kernel') or {}).get('release')} < {expect.min_kernel}")
+    value, source = _config(facts)
+    if source is not None and value != "y":
+        blockers.append(f"CONFIG_DMA_SHARED_BUFFER={value or 'absent'}")
+    flavour = (facts.get("nvidia_driver") or {}).get("flavour")
+    if flavour != "open":
+        blockers.append(f"driver flavour {flavour or 'unknown'} (needs the open module)")
+    attrs = [(d.get("index"), (d.get("cuda") or {}).get("dma_buf_supported")) for d in devices]
+    no_attr = [str(i) for i, v in attrs if v == 0]
+    if no_attr:
+        blockers.append(f"CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED=0 on GPU {', '.join(no_attr)}")
+    if blockers:
+        remedy = (
+            "Use the NVIDIA open kernel module on a kernel >= 5.12 with CONFIG_DMA_SHARED_BUFFER=y; then "
+            "cuDeviceGetAttribute(DMA_BUF_SUPPORTED) reports 1 and NCCL/UCX register GPU memory via dma-buf."
+        )
+        return (fail if expect.rdma else warn)("; ".join(blockers), remedy)
+    if any(v is None for _, v in attrs):
+        reason = (_gpus(facts).get("cuda") or {}).get("reason") or "not recorded"
+        return warn(
+            f"kernel and driver allow dma-buf; CUDA attribute unknown ({reason})",
+            "Install cuda-bindings (cuda-python) on the host so the CUDA attribute can be read.",
+        )
+    return ok(f"DMA_BUF_SUPPORTED=1 on all {len(devices)} GPUs, kernel and open driver OK")
+
+
+# --------------------------------------------------------------------------- rdma layer
+
+
+@check("rdma.ports", "Declared RDMA ports ACTIVE/LinkUp on Ethernet (RoCE)", "rdma")
+def rdma_ports(facts: Facts, expect: Expect) -> Outcome:
+    rdma = facts.get("rdma") or {}
+    if not expect.rdma:
+        ports = [(d, p) for d in rdma.get("devices") or [] for p in d.get("ports") or []]
+        if not ports:
+            return na("no RDMA declared or present")
+        down = [f"{d['name']}/{p['port']}: {p.get('state')}" for d, p in ports if p.get("state") != "ACTIVE"]
+        if down:
+            return warn(
+                "undeclared RDMA ports not active: " + _join(down),
+                "Declare the RDMA netdevs in the inventory or leave them unused.",
+            )
+        return ok(f"{len(ports)} undeclared RDMA ports ACTIVE")
+    if not rdma.get("present"):
+        return fail(
+            rdma.get("reason") or "no RDMA devices",
+            "Load mlx5_core/mlx5_ib (rdma-core) and check `ibv_devinfo`; is the NIC in the server?",
+        )
+    problems, good = [], []
+    for want in expect.rdma:
+        ports = _ports_for(facts, want.netdev)
+        if not ports:
+            problems.append(f"{want.netdev}: no RDMA port bound")
+            continue
+        for dev, port in ports:
+            where = f"{want.netdev} ({dev['name']}/{port['port']})"
+            state = (port.get("state"), port.get("phys_state"), port.get("link_layer"))
+            if state != ("ACTIVE", "LinkUp", "Ethernet"):
+                problems.append(f"{where}: {'/'.join(str(s) for s in state)}")
+            else:
+                good.append(where)
+    if problems:
+        return fail(
+            _join(problems),
+            "Bring the port up (cable, switch port, `ip link set <netdev> up`); for RoCE the port's "
+            "link_layer "
+            "must be Ethernet (`mlxconfig -d <pci> set LINK_TYPE_P1=2`).",
+        )
+    rates = sorted({p.get("rate") or "?" for w in expect.rdma for _, p in _ports_for(facts, w.netdev)})
+    return ok(f"{len(good)} ports ACTIVE/LinkUp/Ethernet ({', '.join(rates)})")
+
+
+@check("rdma.roce_v2_gid", "RoCE v2 GID bound to the configured address", "rdma")
+def roce_v2_gid(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.rdma:
+        return na("no RDMA declared")
+    problems, good = [], []
+    for want in expect.rdma:
+        gids = [
+            g for _, p in _ports_for(facts, want.netdev) for g in p.get("gids") or [] if g.get("ndev") == want.netdev
+        ]
+        target = ipaddress.ip_address(want.ip) if want.ip else None
+        v2 = [g for g in gids if g.get("type") == "RoCE v2"]
+        match = [g for g in v2 if target is None or _gid_address(g.get("gid", "")) == target]
+        if target is None:
+            match = [g for g in match if g.get("ipv4")]
+        if match:
+            good.append(f"{want.netdev} idx {match[0].get('index')}")
+            continue
+        seen = ", ".join(f"{g.get('type')} {_gid_address(g.get('gid', ''))}" for g in gids) or "no GIDs"
+        problems.append(f"{want.netdev}: no RoCE v2 GID for {want.ip or 'an IPv4 address'} (has {seen})")
+    if problems:
+        return fail(
+            _join(problems),
+            "Configure the address on the RDMA netdev itself and enable RoCE v2 (`cma_roce_mode -d <dev> "
+            "-p 1 "
+            "-m 2`, or the NIC's RoCE mode); RoCE v1 is not routable and NCCL/UCX use the v2 GID.",
+        )
+    return ok("RoCE v2 GIDs: " + _join(good, limit=8))
+
+
+@check("rdma.mtu", "MTU consistent: netdev, declaration and RoCE active MTU", "rdma")
+def rdma_mtu(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.rdma:
+        return na("no RDMA declared")
+    interfaces = (facts.get("netdevs") or {}).get("interfaces") or {}
+    problems, good = [], []
+    for want in expect.rdma:
+        nd = interfaces.get(want.netdev)
+        if nd is None or nd.get("mtu") is None:
+            problems.append(f"{want.netdev}: netdev not found")
+            continue
+        mtu = int(nd["mtu"])
+        if want.mtu is not None and mtu != want.mtu:
+            problems.append(f"{want.netdev}: netdev MTU {mtu}, declared {want.mtu}")
+        for dev, port in _ports_for(facts, want.netdev):
+            active = port.get("active_mtu")
+            expected = roce_mtu(mtu, port.get("max_mtu") or 4096)
+            if active is not None and active != expected:
+                problems.append(
+                    f"{want.netdev} ({dev['name']}): RoCE active_mtu {active}, netdev {mtu} gives {expected}"
+                )
+            elif want.mtu is not None and active is not None and active < roce_mtu(want.mtu):
+                problems.append(f"{want.netdev} ({dev['name']}): RoCE active_mtu {active} < {roce_mtu(want.mtu)}")
+        good.append(f"{want.netdev} {mtu}")
+    if problems:
+        return fail(
+            _join(problems),
+            "Set the declared MTU persistently on the netdev (netplan/NetworkManager `mtu: 9000`) and on the "
+            "switch port; the RoCE active MTU follows the netdev MTU (9000 gives 4096).",
+        )
+    return ok("MTU " + _join(good, limit=8))
+
+
+# --------------------------------------------------------------------------- ucx layer
+
+
+def required_transports(expect: Expect) -> list[str]:
+    """Transports the KV path needs; an entry 'a|b' is satisfied by either."""
+    if expect.ucx_tls_required is not None:
+        return list(expect.ucx_tls_required)
+    need = ["cuda_copy", "cuda_ipc"] if expect.gpu else []
+    if expect.rdma:
+        need.append("rc_mlx5|rc_verbs")
+    return need
+
+
+@check("ucx.transports", "UCX offers the transports the KV path needs", "ucx")
+def ucx_transports(facts: Facts, expect: Expect) -> Outcome:
+    need = required_transports(expect)
+    if not need:
+        return na("CPU-role host without RDMA: tcp/shared memory suffice")
+    info = facts.get("ucx") or {}
+    if not info.get("available"):
+        return warn(
+            f"cannot verify ({info.get('reason', 'UCX not found')}); needed: {', '.join(need)}",
+            "Run `ucx_info -d` from the UCX that NIXL uses (the nixl wheel bundles one) and record it.",
+        )
+    have = set(info.get("transports") or {})
+    missing = [n for n in need if not any(alt in have for alt in n.split("|"))]
+    if missing:
+        return fail(
+            f"missing {', '.join(missing)}; UCX has only {', '.join(sorted(have))} (KV transfer would fall "
+            "back "
+            "to tcp)",
+            "Use a UCX built with CUDA and verbs (the one bundled with nixl, or ucx-cuda + rdma-core), "
+            "make sure "
+            "libcuda and libibverbs load, and do not pin UCX_TLS to tcp (keep tcp only for wire-up).",
+        )
+    return ok(f"has {', '.join(need)} (of {len(have)} transports)")
+
+
+# --------------------------------------------------------------------------- serving layer
+
+
+@check("serving.health", "vLLM instances answer /health", "serving")
+def serving_health(facts: Facts, expect: Expect) -> Outcome:
+    instances = facts.get("instances") or []
+    if not instances:
+        return na("no pdinfra serving instances on this host")
+    bad = [
+        f"{i.get('name') or i.get('file')}: {i.get('error') or i.get('health')}"
+        for i in instances
+        if i.get("health") not in ("ok", "not probed")
+    ]
+    unprobed = [str(i.get("name")) for i in instances if i.get("health") == "not probed"]
+    if bad:
+        units = sorted({str(i.get("unit")) for i in instances if i.get("unit")}) or ["<unit>"]
+        return fail(
+            _join(bad),
+            f"Read the service log (`journalctl -u {' -u '.join(units)}`) and check that each instance listens "
+            "on its port; a model still loading answers /health only when ready.",
+        )
+    if unprobed:
+        return warn(f"not probed: {', '.join(unprobed)}", "Validate on the host itself to probe /health.")
+    return ok(", ".join(f"{i.get('name')}:{i.get('port')} ok" for i in instances))
+
+
+def pd_consistency_problems(instances: list[dict[str, Any]], pd_hosts: int) -> list[str]:
+    problems = []
+    for key in PD_CONSISTENT_KEYS:
+        values = {json.dumps(i.get(key)) for i in instances}
+        if len(values) > 1:
+            problems.append(f"{key} differs: {', '.join(sorted(values))}")
+    for inst in instances:
+        if inst.get("role") not in ROLES:
+            problems.append(f"{inst.get('name')}: role {inst.get('role')!r} not in {'/'.join(ROLES)}")
+        if pd_hosts > 1 and str(inst.get("side_channel_host") or "") in LOCAL_HOSTS:
+            problems.append(
+                f"{inst.get('name')}: side_channel_host {inst.get('side_channel_host')!r} is local but the "
+                f"deployment spans {pd_hosts} hosts"
+            )
+    return problems
+
+
+@check("serving.pd_consistency", "Prefill/decode instances agree and do not collide", "serving")
+def pd_consistency(facts: Facts, expect: Expect) -> Outcome:
+    instances = [i for i in facts.get("instances") or [] if "error" not in i]
+    if not instances:
+        return na("no pdinfra serving instances on this host")
+    problems = pd_consistency_problems(instances, expect.pd_hosts)
+    for key in ("side_channel_port", "port"):
+        ports = [i.get(key) for i in instances]
+        dupes = sorted({str(p) for p in ports if ports.count(p) > 1})
+        if dupes:
+            problems.append(f"{key} {', '.join(dupes)} used by more than one instance")
+    if problems:
+        return fail(
+            _join(problems),
+            "Serve the same model, dtype, block size and KV connector on every instance; give each instance "
+            "its own port and VLLM_NIXL_SIDE_CHANNEL_PORT; use a routable side_channel_host across hosts.",
+        )
+    roles = ", ".join(f"{i.get('name')}={i.get('role')}" for i in instances)
+    return ok(
+        f"{roles}; {instances[0].get('model')} {instances[0].get('dtype')} "
+        f"block {instances[0].get('block_size')} {instances[0].get('connector')}"
+    )
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _run_one(c: Check, facts: Facts, expect: Expect) -> CheckResult:
+    try:
+        out = c.fn(facts, expect)
+    except Exception as exc:  # a check bug must show up, not pass silently
+        out = fail(
+            f"check raised {type(exc).__name__}: {exc}",
+            "This is a pdinfra bug or a facts file from another version: re-gather facts and report it.",
+        )
+    return CheckResult(c.id, c.title, out.verdict, out.evidence, out.remedy, c.layer, str(facts.get("hostname", "")))
+
+
+def run_checks(facts: Facts, expect: Expect | None = None) -> list[CheckResult]:
+    """Run the whole catalog on one host's facts. ``expect`` defaults to the host's declared expect.json."""
+    if expect is None:
+        expect = Expect.from_dict(facts.get("expect"))
+    return [_run_one(c, facts, expect) for c in CATALOG]
+
+
+FLEET_CHECKS = (
+    ("fleet.pd_consistency", "Instances on all hosts agree (model, dtype, block size, connector)"),
+    ("fleet.driver_consistency", "Same NVIDIA driver on every GPU host"),
+)
+
+
+def run_fleet_checks(all_facts: list[Facts]) -> list[CheckResult]:
+    """Checks across hosts; meaningful when more than one facts file is validated together."""
+    names = [str(f.get("hostname", "?")) for f in all_facts]
+    instances = [
+        dict(i, name=f"{h}/{i.get('name')}")
+        for h, f in zip(names, all_facts, strict=True)
+        for i in f.get("instances") or []
+        if "error" not in i
+    ]
+    results = []
+    cid, title = FLEET_CHECKS[0]
+    if len(all_facts) < 2 or not instances:
+        out = na("fewer than two hosts or no instances")
+    else:
+        problems = pd_consistency_problems(instances, len(all_facts))
+        out = (
+            fail(
+                _join(problems),
+                "Make every instance serve the same model/dtype/block size/connector and "
+                "advertise a routable side_channel_host.",
+            )
+            if problems
+            else ok(f"{len(instances)} instances agree")
+        )
+    results.append(CheckResult(cid, title, out.verdict, out.evidence, out.remedy, "fleet", "*"))
+    cid, title = FLEET_CHECKS[1]
+    drivers = {n: (f.get("nvidia_driver") or {}).get("version") for n, f in zip(names, all_facts, strict=True)}
+    drivers = {n: v for n, v in drivers.items() if v}
+    if len(drivers) < 2:
+        out = na("fewer than two GPU hosts")
+    elif len(set(drivers.values())) > 1:
+        out = fail(
+            ", ".join(f"{n}: {v}" for n, v in sorted(drivers.items())),
+            "Pin one driver version in the inventory and converge every GPU host to it.",
+        )
+    else:
+        out = ok(f"{len(drivers)} hosts on {next(iter(drivers.values()))}")
+    results.append(CheckResult(cid, title, out.verdict, out.evidence, out.remedy, "fleet", "*"))
+    return results
+
+
+def failed(results: Iterable[CheckResult]) -> list[CheckResult]:
+    return [r for r in results if r.verdict == FAIL]

@@ -1,0 +1,19 @@
+"""Local test hosts: Debian 12 systemd-nspawn nodes in their own network namespaces (pdinfra.testhosts.nspawn)."""
+
+from pdinfra.testhosts.nspawn import (
+    BRIDGE,
+    Link,
+    TestHost,
+    TestHostError,
+    create,
+    destroy,
+    ensure_base,
+    from_inventory,
+    leftovers,
+    running_pid,
+    ssh_command,
+    ssh_key,
+)
+
+__all__ = ["BRIDGE", "Link", "TestHost", "TestHostError", "create", "destroy", "ensure_base", "from_inventory",
+           "leftovers", "running_pid", "ssh_command", "ssh_key"]  # fmt: skip

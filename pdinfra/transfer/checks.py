@@ -1,0 +1,115 @@
+"""`pdinfra validate --transfer`: NIXL transfers measured live, judged against the host's link limits.
+
+The link limits come from the same facts the other checks read (pdinfra.host.linklimits); the KV-shaped cases
+come from the cluster model the node was deployed from (``/etc/pdinfra/cluster.json``): the model's KV geometry,
+the block size, the KV dtype and the tensor-parallel size of this node's instances, so the validator measures the
+layout the cluster really uses. Without a cluster model (a host pdinfra did not deploy) it falls back to
+gpt-oss-120b at block size 64 on GPU hosts and the tiny model on CPU hosts, and says so in the report.
+The measurement is pdinfra.transfer's two-process benchmark with a compact plan (one run well under a minute
+on a 2-GPU host). Each measured case becomes a CheckResult in layer "transfer".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pdinfra import transfer as T
+from pdinfra.cluster.model import Cluster
+from pdinfra.host import linklimits
+from pdinfra.host.checks import CheckResult
+
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
+FALLBACK_GPU = ("gpt-oss-120b", 64, 1, None)
+FALLBACK_CPU = ("tiny", 32, 1, "bfloat16")
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """The KV layout the transfer check plans: where it came from, and its geometry."""
+
+    source: str  # "cluster.json (node X)" or "fallback"
+    model_shape: str
+    block_size: int
+    tp: int
+    kv_dtype: str | None
+
+
+def kv_plan(gpu: bool, cluster: Cluster | None = None, node: str | None = None) -> KVPlan:
+    """The KV geometry of the instances deployed on ``node`` (the cluster's when the node has none)."""
+    if cluster is not None and cluster.model.shape:
+        insts = [i for i in cluster.instances if node is None or i.host == node] or cluster.instances
+        tp = max((i.tp for i in insts), default=1)
+        return KVPlan(f"cluster.json ({node or 'cluster'})", cluster.model.shape, insts[0].block_size if insts else
+                      cluster.block_size, tp, insts[0].kv_dtype if insts else cluster.kv_dtype)  # fmt: skip
+    shape, block, tp, dtype = FALLBACK_GPU if gpu else FALLBACK_CPU
+    return KVPlan("fallback (no /etc/pdinfra/cluster.json with a model shape)", shape, block, tp, dtype)
+
+
+def compact_config(facts: dict[str, Any], iters: int = 10, plan: KVPlan | None = None) -> T.BenchConfig:
+    lim = linklimits.limits(facts)
+    gpu = bool((facts.get("gpus") or {}).get("present")) and bool((facts.get("gpus") or {}).get("count"))
+    plan = plan or kv_plan(gpu)
+    return T.BenchConfig(
+        ops=("READ", "WRITE"),
+        sizes=(64 * KIB, 16 * MIB, 1 * GIB) if gpu else (64 * KIB, 16 * MIB),
+        batches=((1024, 256 * KIB),) if gpu else ((256, 16 * KIB),),
+        layouts=("contig",),
+        model_shape=plan.model_shape,
+        prompt_tokens=8192 if gpu else 1024,
+        block_sizes=(plan.block_size,),
+        tp=plan.tp,
+        kv_dtype=plan.kv_dtype,
+        link_gbps=lim["gpu-gpu"],
+        pcie_gbps=lim["host-gpu"],
+        iters=iters,
+        case_cap_s=5.0,
+    )
+
+
+def _pct(x: float | None) -> str:
+    return f"{x:.0%}" if x is not None else "n/a"
+
+
+def to_checks(report: dict[str, Any], host: str = "") -> list[CheckResult]:
+    out = []
+    for raw in report.get("results", []):
+        r = T.CaseResult.from_dict(raw)
+        if r.gbps is None:
+            evidence = r.error or r.reason or "no measurement"
+        else:
+            link = f"{_pct(r.eff_link)} of the {r.link_gbps:.0f} GB/s link" if r.link_gbps else "no link limit known"
+            copy = f"{_pct(r.eff_copy)} of a raw copy ({r.copy_gbps:.0f} GB/s)" if r.copy_gbps else "no raw copy"
+            lat = f"{r.latency_s * 1e6:.0f} us" if r.latency_s is not None else "n/a"
+            evidence = (
+                f"{r.gbps:.1f} GB/s, {lat} per request, {r.descs} desc, over {r.transport or 'unknown transport'}; "
+                f"{link}, {copy}" + (f"; {r.reason}" if r.reason else "")
+            )
+        out.append(
+            CheckResult(
+                id=f"transfer.{r.pair} {r.case}",
+                title=f"NIXL {r.op} {r.initiator}<-{r.target}"
+                if r.op == "READ"
+                else f"NIXL {r.op} {r.initiator}->{r.target}",
+                verdict=r.verdict or "warn",
+                evidence=evidence,
+                remedy=r.remedy,
+                layer="transfer",
+                host=host,
+            )
+        )
+    return out
+
+
+def run(
+    facts: dict[str, Any], iters: int = 10, progress=None, cluster: Cluster | None = None, node: str | None = None
+) -> tuple[list[CheckResult], dict[str, Any]]:
+    gpu = bool((facts.get("gpus") or {}).get("present")) and bool((facts.get("gpus") or {}).get("count"))
+    plan = kv_plan(gpu, cluster, node)
+    if progress:
+        dtype = plan.kv_dtype or "the model's own"
+        progress(f"KV cases from {plan.source}: {plan.model_shape}, block size {plan.block_size}, TP {plan.tp}, "
+                 f"KV dtype {dtype}")  # fmt: skip
+    report = T.run_benchmark(compact_config(facts, iters, plan), progress=progress)
+    report["kv_plan"] = plan.__dict__
+    return to_checks(report, str(facts.get("hostname") or facts.get("host") or "")), report

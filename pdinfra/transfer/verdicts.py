@@ -1,0 +1,150 @@
+"""Case results and their verdicts against the physical link and a raw copy."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdinfra.transfer.fmt import MIB
+
+# --------------------------------------------------------------------------------------------------
+# Results and verdicts
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CaseResult:
+    case: str
+    session: str
+    op: str
+    mode: str
+    layout: str
+    initiator: str
+    target: str
+    pair: str
+    num_threads: int
+    desc_bytes: int
+    descs: int
+    bytes_per_xfer: int
+    iters: int = 0
+    gbps: float | None = None
+    latency_s: float | None = None
+    latency_min_s: float | None = None
+    make_s: float | None = None
+    setup_s: float | None = None
+    xfer_gbps: float | None = None
+    desc_us: float | None = None
+    transport: str = ""
+    transport_rows: list[str] = field(default_factory=list)
+    copy_gbps: float | None = None
+    copy_kind: str = ""
+    link_gbps: float | None = None
+    eff_link: float | None = None
+    eff_copy: float | None = None
+    checksum_ok: bool | None = None
+    verdict: str = ""
+    reason: str = ""
+    remedy: str = ""
+    error: str = ""
+    ucx_env: dict[str, str] = field(default_factory=dict)
+    kv: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CaseResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def ucx_module_dir() -> str | None:
+    """The UCX plug-in folder bundled with the installed nixl-cuXX wheel, if any."""
+    for mod in ("nixl_cu13", "nixl_cu12"):
+        try:
+            spec = importlib.util.find_spec(mod)
+        except (ImportError, ValueError):
+            spec = None
+        if spec and spec.origin:
+            cand = Path(spec.origin).parent.parent / f"{mod}.libs" / "ucx"
+            if cand.is_dir():
+                return str(cand)
+    return None
+
+
+def tcp_remedy(module_dir: str | None = None) -> str:
+    mdir = module_dir or "<site-packages>/nixl_cu13.libs/ucx"
+    return (
+        f"UCX has no CUDA path here: export UCX_MODULE_DIR={mdir} (the wheel's UCX plug-ins, libuct_cuda among "
+        "them); if UCX_TLS is set, list cuda_ipc,cuda_copy and keep tcp for wire-up "
+        "(UCX_TLS=cuda_ipc,cuda_copy,tcp,sm,self; without tcp NIXL's UCX backend does not start); check "
+        "`nvidia-smi topo -m` shows NV# between the GPUs and P2P is OK (cuda_ipc needs peer access)"
+    )
+
+
+LARGE_XFER = 256 * MIB
+MIN_LINK_EFF = 0.5
+DESC_BOUND_MIN = 64
+DESC_BOUND_EFF = 0.1
+
+
+def judge(res: CaseResult, gpu_host: bool, module_dir: str | None = None) -> tuple[str, str, str]:
+    """(verdict, reason, remedy) for one case: "fail", "warn" or "pass"."""
+    transports = [t for t in res.transport.split("+") if t]
+    if res.error:
+        return "fail", res.error, ""
+    if res.checksum_ok is False:
+        return "fail", "data arrived corrupted (checksum mismatch)", "re-run; check GPU ECC/Xid and UCX version"
+    if res.pair == "gpu-gpu" and gpu_host and "tcp" in transports:
+        return "fail", "GPU-to-GPU transfer went over tcp (software emulation)", tcp_remedy(module_dir)
+    if not transports:
+        return "warn", "transport not detected (no UCX_PROTO_INFO table for this operation)", ""
+    if res.pair == "gpu-gpu" and "cuda_ipc" not in transports:
+        return (
+            "warn",
+            f"GPU-to-GPU transfer did not use cuda_ipc ({res.transport})",
+            "check NVLink/P2P (`nvidia-smi topo -p2p r`) and that UCX_TLS, if set, includes cuda_ipc",
+        )
+    if res.pair == "host-gpu" and "tcp" in transports:
+        return (
+            "warn",
+            "host<->GPU between processes went over tcp: no zero-copy path without an RDMA NIC "
+            "(GPUDirect); this is not PCIe bandwidth",
+            "serve KV from GPU memory on both sides (kv_buffer_device=cuda) or from host memory on both sides",
+        )
+    if res.descs >= DESC_BOUND_MIN and res.eff_copy is not None and res.eff_copy < DESC_BOUND_EFF:
+        per_desc = f"{res.desc_us:.1f} us per descriptor" if res.desc_us else "per-descriptor cost"
+        return (
+            "warn",
+            f"descriptor-bound: {per_desc}, {res.eff_copy:.0%} of a plain copy",
+            "NIXL merges only descriptors adjacent on both sides: use larger KV blocks (--block-size 64/128), "
+            "more UCX backend threads (num_threads), and budget TTFT with kvshape.kv_budget",
+        )
+    if (
+        res.link_gbps
+        and res.eff_link is not None
+        and res.bytes_per_xfer >= LARGE_XFER
+        and res.descs == 1
+        and res.eff_link < MIN_LINK_EFF
+    ):
+        return "warn", f"large transfer reached {res.eff_link:.0%} of the link limit", ""
+    return "pass", "", ""
+
+
+def finish_result(
+    res: CaseResult,
+    copy_gbps: float | None,
+    link_gbps: float | None,
+    gpu_host: bool,
+    module_dir: str | None = None,
+) -> CaseResult:
+    """Fill in the efficiency columns and the verdict."""
+    res.copy_gbps = copy_gbps
+    res.link_gbps = link_gbps
+    if res.gbps is not None:
+        res.eff_copy = res.gbps / copy_gbps if copy_gbps else None
+        res.eff_link = res.gbps / link_gbps if link_gbps else None
+    if res.latency_s is not None and res.descs:
+        res.desc_us = res.latency_s / res.descs * 1e6
+    res.verdict, res.reason, res.remedy = judge(res, gpu_host, module_dir)
+    return res

@@ -1,0 +1,371 @@
+"""The resolved cluster model: defaults applied once, derived values, and bad input rejected by name.
+
+Every case here is resolved the way the pre-flight play resolves it (pdinfra.cluster.resolve over the variables
+Ansible templated); tests/unit/test_site_bad_input.py shows a sample through `ansible-playbook site.yml` and
+`pdinfra check-config` giving the same answer, before any host is touched.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from pdinfra.cluster import resolve as R
+from pdinfra.cluster.model import Cluster
+
+CPU = {
+    "node1": {
+        "pdinfra_address": "198.18.0.11/24",
+        "pdinfra_profile": "cpu",
+        "pdinfra_block_size": 32,
+        "pdinfra_dtype": "bfloat16",
+        "pdinfra_model": {"name": "tiny", "source": "tiny", "path": "/opt/m"},
+        "pdinfra_router_port": 8000,
+        "pdinfra_instances": [{"name": "prefill0", "role": "prefill", "port": 8100, "side_channel_port": 5600}],
+    },
+    "node2": {
+        "pdinfra_address": "198.18.0.12/24",
+        "pdinfra_profile": "cpu",
+        "pdinfra_block_size": 32,
+        "pdinfra_dtype": "bfloat16",
+        "pdinfra_model": {"name": "tiny", "source": "tiny", "path": "/opt/m"},
+        "pdinfra_instances": [{"name": "decode0", "role": "decode", "port": 8200, "side_channel_port": 5610}],
+    },
+}
+GROUPS = {"all": ["node1", "node2"], "pd_cluster": ["node1", "node2"], "router": ["node1"]}
+
+_GPU_COMMON = {
+    "pdinfra_profile": "gpu",
+    "pdinfra_hardware": "hgx-h100-8gpu",
+    "pdinfra_model": {"name": "gpt-oss-120b", "source": "hf", "hf_id": "openai/gpt-oss-120b", "shape": "gpt-oss-120b"},
+    "nvidia_driver_branch": "580",
+    "nvidia_driver_version": "580.159.04",
+    "rdma_roce_mtu": 9000,
+}
+
+
+def _rails(host_octet: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "netdev": f"ens{r}np0",
+            "rdma_dev": f"mlx5_{r - 1}",
+            "address": f"198.18.{r}.{host_octet}/24",
+            "table": 100 + r,
+        }
+        for r in range(1, 9)
+    ]
+
+
+GPU = {
+    "gpu1": {
+        **_GPU_COMMON,
+        "pdinfra_address": "198.18.0.11/24",
+        "rdma_roce_nics": _rails(11),
+        "pdinfra_instances": [
+            {"name": "prefill0", "role": "prefill", "port": 8100, "side_channel_port": 5600, "gpus": [0, 1, 2, 3],
+             "tensor_parallel_size": 4},
+            {"name": "prefill1", "role": "prefill", "port": 8101, "side_channel_port": 5610, "gpus": [4, 5, 6, 7],
+             "tensor_parallel_size": 4},
+        ],
+    },
+    "gpu2": {
+        **_GPU_COMMON,
+        "pdinfra_address": "198.18.0.12/24",
+        "rdma_roce_nics": _rails(12),
+        "pdinfra_instances": [
+            {"name": "decode0", "role": "decode", "port": 8200, "side_channel_port": 5600, "gpus": [0, 1, 2, 3],
+             "tensor_parallel_size": 4},
+        ],
+    },
+}  # fmt: skip
+GPU_GROUPS = {"all": ["gpu1", "gpu2"], "pd_cluster": ["gpu1", "gpu2"], "router": ["gpu1"]}
+
+
+def resolved(hv=None, groups=None) -> R.Resolution:
+    return R.resolve(copy.deepcopy(CPU if hv is None else hv), copy.deepcopy(GROUPS if groups is None else groups))
+
+
+def problems_of(base, fn, groups=None) -> list[str]:
+    hv = copy.deepcopy(base)
+    g = copy.deepcopy(groups or (GROUPS if base is CPU else GPU_GROUPS))
+    fn(hv, g) if fn.__code__.co_argcount == 2 else fn(hv)
+    return [str(p) for p in R.resolve(hv, g).problems]
+
+
+# ----------------------------------------------------------------------------- good inventories
+
+
+def test_local_profile_resolves_with_every_default_applied():
+    res = resolved()
+    assert res.ok, res.problems
+    c = res.cluster
+    assert (c.profile, c.connector, c.layout, c.block_size, c.dtype) == ("cpu", "nixl", "pd", 32, "bfloat16")
+    assert c.max_model_len == 8192 and c.kv_lease_duration == 120 and c.venv == "/opt/pdinfra/venv"
+    p, d = c.by_role("prefill")[0], c.by_role("decode")[0]
+    assert p.url == "http://198.18.0.11:8100" and p.side_channel_host == "198.18.0.11" and p.kv_role == "kv_producer"
+    assert (
+        d.url == "http://198.18.0.12:8200" and d.kv_role == "kv_consumer" and d.unit == "pdinfra-vllm-decode0.service"
+    )
+    assert c.router.url == "http://198.18.0.11:8000" and c.router.prefill == (p.url,) and c.router.decode == (d.url,)
+    assert c.model.shape == "tiny" and p.kv_dtype == "bfloat16"
+    assert c.host("node1").expect == {"role": "cpu", "pd_hosts": 2} and c.host("node1").hardware == "cpu-node"
+
+
+def test_gpu_block_size_defaults_to_64_and_cpu_to_32():
+    hv = copy.deepcopy(GPU)
+    res = R.resolve(hv, copy.deepcopy(GPU_GROUPS))
+    assert res.ok, res.problems
+    assert res.cluster.block_size == 64 and {i.block_size for i in res.cluster.instances} == {64}
+    hv = copy.deepcopy(CPU)
+    for h in hv.values():
+        h.pop("pdinfra_block_size")
+    assert resolved(hv).cluster.block_size == 32
+
+
+def test_gpu_cluster_expectations_come_from_the_hardware_profile_and_rails():
+    c = R.resolve(copy.deepcopy(GPU), copy.deepcopy(GPU_GROUPS)).cluster
+    e = c.host("gpu1").expect
+    assert e["gpu_count"] == 8 and e["nvlinks_per_gpu"] == 18 and e["nvlink_version"] == "4.0" and e["fabric"] is True
+    assert e["driver_version"] == "580.159.04" and e["role"] == "gpu" and e["pd_hosts"] == 2
+    assert e["rdma"][0] == {"netdev": "ens1np0", "address": "198.18.1.11/24", "mtu": 9000} and len(e["rdma"]) == 8
+    assert c.host("gpu1").rails[0].speed_mbps == 400_000
+    assert c.tp == 4 and c.kv_dtype == "bfloat16"  # gpt-oss-120b's own dtype under dtype auto
+
+
+def test_pdinfra_expect_overrides_single_values():
+    hv = copy.deepcopy(GPU)
+    hv["gpu2"]["pdinfra_expect"] = {"gpu_count": 4, "min_kernel": "6.8"}
+    c = R.resolve(hv, copy.deepcopy(GPU_GROUPS)).cluster
+    assert c.host("gpu2").expect["gpu_count"] == 4 and c.host("gpu2").expect["min_kernel"] == "6.8"
+    assert c.host("gpu1").expect["gpu_count"] == 8
+
+
+def test_expect_keys_match_the_validator():
+    from pdinfra.host.checks import Expect
+
+    assert set(R.EXPECT_KEYS) == {f for f in Expect.__dataclass_fields__}
+    for name in ("cpu-node", "gpu-generic", "hgx-h100-8gpu", "hgx-h200-8gpu", "hgx-h200-2gpu"):
+        from pdinfra.cluster.profiles import PROFILES
+
+        Expect.from_dict(PROFILES[name].expect)  # every profile is a valid expectation
+    c = R.resolve(copy.deepcopy(GPU), copy.deepcopy(GPU_GROUPS)).cluster
+    Expect.from_dict(c.host("gpu1").expect)
+
+
+def test_per_instance_block_size_is_kept_when_it_agrees():
+    hv = copy.deepcopy(CPU)
+    for h in hv.values():
+        h.pop("pdinfra_block_size")
+        h["pdinfra_instances"][0]["block_size"] = 64
+    res = resolved(hv)
+    assert res.ok and {i.block_size for i in res.cluster.instances} == {64}
+
+
+def test_cluster_round_trips_through_json():
+    c = R.resolve(copy.deepcopy(GPU), copy.deepcopy(GPU_GROUPS)).cluster
+    again = Cluster.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert again.to_dict() == c.to_dict()
+    node = c.node_file("gpu2")
+    assert node["node"] == "gpu2" and "secrets" not in json.dumps(node)
+
+
+def test_secrets_never_serialised():
+    hv = copy.deepcopy(GPU)
+    for h in hv.values():
+        h["pdinfra_model"] = dict(h["pdinfra_model"], hf_token="hf_SECRET")
+    c = R.resolve(hv, copy.deepcopy(GPU_GROUPS)).cluster
+    assert c.secrets.hf_token == "hf_SECRET" and "hf_SECRET" not in json.dumps(c.to_dict())
+
+
+def test_extra_vars_given_as_strings_are_typed():
+    hv = copy.deepcopy(CPU)
+    for h in hv.values():
+        h["pdinfra_block_size"] = "64"  # -e pdinfra_block_size=64
+    assert resolved(hv).cluster.block_size == 64
+
+
+# ----------------------------------------------------------------------------- bad inventories
+# (base, mutation, expected substring): each names the variable and, where per host, the host.
+def _set_all(key, value):
+    def f(hv):
+        for h in hv.values():
+            h[key] = value
+
+    return f
+
+
+def _inst(host, key, value, idx=0):
+    def f(hv):
+        hv[host]["pdinfra_instances"][idx][key] = value
+
+    return f
+
+
+def _drop_inst(host, key, idx=0):
+    def f(hv):
+        hv[host]["pdinfra_instances"][idx].pop(key)
+
+    return f
+
+
+def _host(host, key, value):
+    def f(hv):
+        hv[host][key] = value
+
+    return f
+
+
+def _model(key, value):
+    def f(hv):
+        for h in hv.values():
+            h["pdinfra_model"] = dict(h["pdinfra_model"], **{key: value})
+
+    return f
+
+
+def _groups(fn):
+    def f(hv, g):
+        fn(g)
+
+    return f
+
+
+BAD: list[tuple[str, Any, Any, str]] = [
+    # cluster-wide values
+    ("misspelt profile", CPU, _set_all("pdinfra_profile", "gpuu"), "pdinfra_profile: must be one of cpu, gpu, not 'gpuu' (did you mean gpu?)"),
+    ("unknown connector", CPU, _set_all("pdinfra_connector", "mooncake-x"), "pdinfra_connector: must be one of nixl, lmcache, not 'mooncake-x'"),
+    ("lmcache refused", CPU, _set_all("pdinfra_connector", "lmcache"), "pdinfra_connector: lmcache (LMCacheConnectorV1) is not deployable"),
+    ("bad layout", CPU, _set_all("pdinfra_layout", "disagg"), "pdinfra_layout: must be one of pd, agg, not 'disagg'"),
+    ("bad dtype", CPU, _set_all("pdinfra_dtype", "fp64"), "pdinfra_dtype: must be one of auto, bfloat16, float16, float32, not 'fp64'"),
+    ("block size not a power of two", CPU, _set_all("pdinfra_block_size", 48), "pdinfra_block_size: must be a power of two"),
+    ("block size 16 on cpu", CPU, _set_all("pdinfra_block_size", 16), "pdinfra_block_size: 16: vLLM's CPU attention backend needs a multiple of 32"),
+    ("block size text", CPU, _set_all("pdinfra_block_size", "big"), "pdinfra_block_size: must be an integer, not 'big'"),
+    ("block size zero", CPU, _set_all("pdinfra_block_size", 0), "pdinfra_block_size: must be an integer in 1..1024, not 0"),
+    ("max model len zero", CPU, _set_all("pdinfra_max_model_len", 0), "pdinfra_max_model_len: must be an integer in 16..10000000, not 0"),
+    ("lease negative", CPU, _set_all("pdinfra_kv_lease_duration", -1), "pdinfra_kv_lease_duration: must be an integer in 1..86400, not -1"),
+    ("profile differs between hosts", CPU, _host("node2", "pdinfra_profile", "gpu"), "pdinfra_profile: differs between hosts"),
+    ("block size differs between hosts", CPU, _host("node2", "pdinfra_block_size", 64), "pdinfra_block_size: differs between hosts"),
+    ("api key behind router", CPU, _set_all("pdinfra_api_key", "k"), "pdinfra_api_key: vllm-router 0.1.17 in PD mode"),
+    ("misspelt pdinfra variable", CPU, _host("node1", "pdinfra_blocksize", 64), "host node1: pdinfra_blocksize: unknown variable (did you mean pdinfra_block_size?)"),
+    ("unknown pdinfra variable", CPU, _host("node2", "pdinfra_frobnicate", 1), "host node2: pdinfra_frobnicate: unknown variable"),
+    ("misspelt role variable", CPU, _host("node1", "rdma_roce_mut", 9000), "host node1: rdma_roce_mut: unknown variable of role rdma_roce (did you mean rdma_roce_mtu?)"),
+    ("derived role variable set", CPU, _host("node1", "vllm_instance_list", []), "host node1: vllm_instance_list: is derived from the cluster model"),
+    # model
+    ("model missing", CPU, lambda hv: [h.pop("pdinfra_model") for h in hv.values()], "pdinfra_model: is required"),
+    ("model not a mapping", CPU, _set_all("pdinfra_model", "tiny"), "pdinfra_model: must be a mapping, not 'tiny'"),
+    ("model without name", CPU, lambda hv: [h["pdinfra_model"].pop("name") for h in hv.values()], "pdinfra_model.name: is required"),
+    ("model unknown source", CPU, _model("source", "s3"), "pdinfra_model.source: must be one of tiny, controller_dir, node_path, hf, not 's3'"),
+    ("model unknown key", CPU, _model("revison", "main"), "pdinfra_model.revison: unknown key"),
+    ("hf without id", CPU, _model("source", "hf"), "pdinfra_model.hf_id: is required for source hf"),
+    ("controller_dir without path", CPU, _model("source", "controller_dir"), "pdinfra_model.controller_path: is required for source controller_dir"),
+    ("controller_dir missing on controller", CPU, lambda hv: [h.update(pdinfra_model={"name": "m", "source": "controller_dir", "controller_path": "/nonexistent/m"}) for h in hv.values()], "pdinfra_model.controller_path: /nonexistent/m/config.json does not exist on the controller"),
+    ("unknown model shape", CPU, _model("shape", "llama-4-maverick"), "pdinfra_model.shape: unknown model shape 'llama-4-maverick'"),
+    ("bad load format", CPU, _model("load_format", "random"), "pdinfra_model.load_format: must be one of auto, dummy, safetensors, pt, not 'random'"),
+    ("tiny model on gpu", GPU, _model("source", "tiny"), "pdinfra_model.source: tiny is the CPU test model"),
+    # addresses
+    ("address missing", CPU, lambda hv: hv["node2"].pop("pdinfra_address"), "host node2: pdinfra_address: is required"),
+    ("address without prefix", CPU, _host("node1", "pdinfra_address", "198.18.0.11"), "host node1: pdinfra_address: '198.18.0.11' is not an address with prefix length"),
+    ("address garbage", CPU, _host("node1", "pdinfra_address", "node-one/24"), "host node1: pdinfra_address: 'node-one/24' is not an address"),
+    ("address loopback", CPU, _host("node1", "pdinfra_address", "127.0.0.1/8"), "host node1: pdinfra_address: 127.0.0.1/8 is a loopback address"),
+    ("address unspecified", CPU, _host("node1", "pdinfra_address", "0.0.0.0/0"), "host node1: pdinfra_address: 0.0.0.0/0 is the unspecified address"),
+    ("duplicate serving address", CPU, _host("node2", "pdinfra_address", "198.18.0.11/24"), "host node2: pdinfra_address: 198.18.0.11 is also the address of node1"),
+    # instances
+    ("instances not a list", CPU, _host("node1", "pdinfra_instances", {"name": "p"}), "host node1: pdinfra_instances: must be a list"),
+    ("instance not a mapping", CPU, _host("node1", "pdinfra_instances", ["prefill0"]), "host node1: pdinfra_instances[0]: must be a mapping"),
+    ("instance without port", CPU, _drop_inst("node1", "port"), "host node1: pdinfra_instances[0].port: is required"),
+    ("instance without side channel", CPU, _drop_inst("node2", "side_channel_port"), "host node2: pdinfra_instances[0].side_channel_port: is required"),
+    ("instance without name", CPU, _drop_inst("node1", "name"), "host node1: pdinfra_instances[0].name: is required"),
+    ("instance bad role", CPU, _inst("node1", "role", "prefil"), "host node1: pdinfra_instances[0].role: must be one of prefill, decode, not 'prefil' (did you mean prefill?)"),
+    ("instance port out of range", CPU, _inst("node1", "port", 70000), "host node1: pdinfra_instances[0].port: must be a port number in 1..65535, not 70000"),
+    ("instance port text", CPU, _inst("node1", "port", "http"), "host node1: pdinfra_instances[0].port: must be an integer, not 'http'"),
+    ("instance unknown key", CPU, _inst("node1", "tp", 2), "host node1: pdinfra_instances[0].tp: unknown key"),
+    ("instance bad block size", CPU, _inst("node2", "block_size", 24), "host node2: pdinfra_instances[0].block_size: must be a power of two"),
+    ("instance tp zero", CPU, _inst("node1", "tensor_parallel_size", 0), "host node1: pdinfra_instances[0].tensor_parallel_size: must be an integer in 1..64, not 0"),
+    ("instance extra_args not a list", CPU, _inst("node1", "extra_args", "--enforce-eager"), "host node1: pdinfra_instances[0].extra_args: must be a list"),
+    ("no instances at all", CPU, lambda hv: [h.update(pdinfra_instances=[]) for h in hv.values()], "pdinfra_instances: no host of pd_cluster declares an instance"),
+    ("no decode instance", CPU, _host("node2", "pdinfra_instances", []), "pdinfra_instances: the cluster has no decode instance"),
+    ("duplicate instance name", CPU, _inst("node2", "name", "prefill0"), "host node2: pdinfra_instances[0].name: 'prefill0' is also used on node1"),
+    ("different models P/D", CPU, _inst("node2", "model", "/opt/other"), "host node2: pdinfra_instances[0].model (pdinfra_model)"),
+    ("different block sizes P/D", CPU, _inst("node2", "block_size", 64), "host node2: pdinfra_instances[0].block_size (pdinfra_block_size)"),
+    ("different dtypes P/D", CPU, _inst("node2", "dtype", "float32"), "host node2: pdinfra_instances[0].dtype (pdinfra_dtype)"),
+    # ports
+    ("instance port = router port", CPU, _inst("node1", "port", 8000), "host node1: pdinfra_instances[0].port: port 8000 collides with pdinfra_router_port"),
+    ("side channel = instance port", CPU, _inst("node1", "side_channel_port", 8100), "host node1: pdinfra_instances[0].side_channel_port: port 8100 collides"),
+    ("router port out of range", CPU, _host("node1", "pdinfra_router_port", 80000), "host node1: pdinfra_router_port: must be a port number in 1..65535, not 80000"),
+    ("router metrics port = router port", CPU, _host("node1", "pd_router_prometheus_port", 8000), "host node1: pd_router_prometheus_port: port 8000 collides"),
+    ("two instances share a side channel", CPU, lambda hv: hv["node1"]["pdinfra_instances"].append({"name": "decode1", "role": "decode", "port": 8101, "side_channel_port": 5600}), "host node1: pdinfra_instances[1].side_channel_port: port 5600 collides"),
+    # groups
+    ("no pd_cluster group", CPU, _groups(lambda g: g.update(pd_cluster=[])), "pd_cluster: the inventory has no hosts in group pd_cluster"),
+    ("no router", CPU, _groups(lambda g: g.update(router=[])), "router: the inventory has no host in group 'router'"),
+    ("router outside pd_cluster", CPU, lambda hv, g: (g.update(router=["lb1"], all=[*g["all"], "lb1"]), hv.update(lb1={"pdinfra_address": "198.18.0.13/24"})), "router: router host lb1 is not in group pd_cluster"),
+    # GPU profile
+    ("gpus missing on gpu", GPU, _drop_inst("gpu2", "gpus"), "host gpu2: pdinfra_instances[0].gpus: is required on the gpu profile"),
+    ("gpus as a number", GPU, _inst("gpu2", "gpus", 4), "host gpu2: pdinfra_instances[0].gpus: must be a list, not 4"),
+    ("gpus as a string", GPU, _inst("gpu2", "gpus", "0,1"), "host gpu2: pdinfra_instances[0].gpus: must be a list, not '0,1'"),
+    ("gpus 1-based", GPU, _inst("gpu2", "gpus", [5, 6, 7, 8]), "host gpu2: pdinfra_instances[0].gpus: GPU 8 does not exist on a hgx-h100-8gpu host"),
+    ("gpus not integers", GPU, _inst("gpu2", "gpus", ["a", "b", "c", "d"]), "host gpu2: pdinfra_instances[0].gpus: must list GPU indexes"),
+    ("gpu listed twice", GPU, _inst("gpu2", "gpus", [0, 0, 1, 2]), "host gpu2: pdinfra_instances[0].gpus: lists a GPU twice"),
+    ("gpus vs tp", GPU, _inst("gpu2", "gpus", [0, 1]), "host gpu2: pdinfra_instances[0].gpus: 2 GPUs listed but tensor_parallel_size is 4"),
+    ("gpu shared by two instances", GPU, _inst("gpu1", "gpus", [3, 4, 5, 6], idx=1), "host gpu1: pdinfra_instances[1].gpus: GPU 3 is already used by prefill0"),
+    ("tp does not divide heads", GPU, lambda hv: hv["gpu2"]["pdinfra_instances"][0].update(tensor_parallel_size=3, gpus=[0, 1, 2]), "host gpu2: pdinfra_instances[0].tensor_parallel_size: tensor_parallel_size 3 does not divide gpt-oss-120b's 64 attention heads"),
+    ("unknown hardware profile", GPU, _host("gpu1", "pdinfra_hardware", "hgx-h100"), "host gpu1: pdinfra_hardware: unknown hardware profile 'hgx-h100'"),
+    ("cpu hardware on gpu profile", GPU, _host("gpu1", "pdinfra_hardware", "cpu-node"), "host gpu1: pdinfra_hardware: cpu-node is a CPU profile but pdinfra_profile is gpu"),
+    ("unknown expectation", GPU, _host("gpu1", "pdinfra_expect", {"gpus": 8}), "host gpu1: pdinfra_expect.gpus: unknown expectation"),
+    ("expectation wrong type", GPU, _host("gpu1", "pdinfra_expect", {"nvlinks_per_gpu": "many"}), "host gpu1: pdinfra_expect.nvlinks_per_gpu: must be a non-negative integer"),
+    ("expectation bad kernel", GPU, _host("gpu1", "pdinfra_expect", {"min_kernel": "abc"}), "host gpu1: pdinfra_expect.min_kernel: must be a kernel version"),
+    ("pdinfra_gpu not a bool", GPU, _host("gpu1", "pdinfra_gpu", "maybe"), "host gpu1: pdinfra_gpu: must be true or false, not 'maybe'"),
+    # rails (cross-host)
+    ("rail address copied from another host", GPU, lambda hv: hv["gpu2"].update(rdma_roce_nics=copy.deepcopy(hv["gpu1"]["rdma_roce_nics"])), "host gpu2: rdma_roce_nics[0].address: 198.18.1.11 is also a rail address of gpu1"),
+    ("rail netdev twice", GPU, lambda hv: hv["gpu2"]["rdma_roce_nics"][1].update(netdev="ens1np0"), "host gpu2: rdma_roce_nics[1].netdev: ens1np0 is listed twice"),
+    ("rail address = serving address", GPU, lambda hv: hv["gpu2"]["rdma_roce_nics"][0].update(address="198.18.0.12/24"), "host gpu2: rdma_roce_nics[0].address: 198.18.0.12 is also this host's pdinfra_address"),
+    ("rail address without prefix", GPU, lambda hv: hv["gpu2"]["rdma_roce_nics"][0].update(address="198.18.1.12"), "host gpu2: rdma_roce_nics[0].address: '198.18.1.12' is not an address with prefix length"),
+    ("rail entry without rdma_dev", GPU, lambda hv: hv["gpu2"]["rdma_roce_nics"][0].pop("rdma_dev"), "host gpu2: rdma_roce_nics: missing required arguments: rdma_dev"),
+    # role variables (the roles' own argument specs and ranges, before any host)
+    ("MTU 10000", GPU, _set_all("rdma_roce_mtu", 10000), "host gpu1: rdma_roce_mtu: must be in 1280..9216, not 10000"),
+    ("MTU text", GPU, _set_all("rdma_roce_mtu", "jumbo"), "host gpu1: rdma_roce_mtu: argument 'rdma_roce_mtu' is of type str and we were unable to convert to int"),
+    ("PFC priority 8", GPU, _set_all("rdma_roce_pfc_priority", 8), "host gpu1: rdma_roce_pfc_priority: must be in 0..7, not 8"),
+    ("DSCP 64", GPU, _set_all("rdma_roce_dscp", 64), "host gpu1: rdma_roce_dscp: must be in 0..63, not 64"),
+    ("TOS not matching DSCP", GPU, _set_all("rdma_roce_tos", 104 + 8), "host gpu1: rdma_roce_tos: 112: its DSCP bits (tos >> 2 = 28) differ from rdma_roce_dscp=26"),
+    ("ECN not a bool", GPU, _set_all("rdma_roce_ecn", "sometimes"), "host gpu1: rdma_roce_ecn: argument 'rdma_roce_ecn' is of type str and we were unable to convert to bool"),
+    ("GID index -1", GPU, _set_all("ucx_ib_gid_index", -1), "host gpu1: ucx_ib_gid_index: must be auto or 0..255, not -1"),
+    ("UCX host kind", GPU, _set_all("ucx_host_kind", "rdma"), "host gpu1: ucx_host_kind: value of ucx_host_kind must be one of: auto, gpu_rdma, gpu, cpu, got: rdma"),
+    ("UCX port 3", GPU, _set_all("ucx_ib_port", 3), "host gpu1: ucx_ib_port: must be in 1..2, not 3"),
+    ("driver branch r580", GPU, _set_all("nvidia_driver_branch", "r580"), "host gpu1: nvidia_driver_branch: must be a driver branch number such as \"580\", not 'r580'"),
+    ("driver version off branch", GPU, _set_all("nvidia_driver_version", "575.57.08"), "host gpu1: nvidia_driver_version: '575.57.08' is not on nvidia_driver_branch '580'"),
+    ("driver version malformed", GPU, _set_all("nvidia_driver_version", "latest"), "host gpu1: nvidia_driver_version: must be a full driver version"),
+    ("driver source unknown", GPU, _set_all("nvidia_driver_source", "runfile"), "host gpu1: nvidia_driver_source: value of nvidia_driver_source must be one of"),
+    ("secure boot policy unknown", GPU, _set_all("nvidia_driver_secure_boot", "ignore"), "host gpu1: nvidia_driver_secure_boot: value of nvidia_driver_secure_boot must be one of"),
+    ("router policy unknown", CPU, _host("node1", "pd_router_prefill_policy", "least_loaded"), "host node1: pd_router_prefill_policy: value of pd_router_prefill_policy must be one of"),
+    ("router timeout zero", CPU, _host("node1", "pd_router_request_timeout_s", 0), "host node1: pd_router_request_timeout_s: must be in 1..86400, not 0"),
+    ("preflight disk list wrong", CPU, _host("node1", "preflight_disk_requirements", [{"path": "/opt"}]), "host node1: preflight_disk_requirements: missing required arguments: min_free_gib"),
+    ("runtime install_from unknown", CPU, _host("node1", "pd_runtime_install_from", "conda"), "host node1: pd_runtime_install_from: value of pd_runtime_install_from must be one of"),
+    # SLO
+    ("SLO unknown key", CPU, _set_all("pdinfra_slo", {"ttft": 2000}), "pdinfra_slo: unknown keys ttft"),
+    ("SLO negative", CPU, _set_all("pdinfra_slo", {"ttft_ms": -5}), "pdinfra_slo: ttft_ms must be a positive number of milliseconds"),
+    ("SLO not a number", CPU, _set_all("pdinfra_slo", {"itl_p99_ms": "fast"}), "pdinfra_slo: itl_p99_ms must be a number"),
+    ("SLO not a mapping", CPU, _set_all("pdinfra_slo", [2000]), "pdinfra_slo: must be a mapping"),
+]  # fmt: skip
+
+
+def test_at_least_sixty_distinct_mistakes_are_covered():
+    assert len(BAD) >= 60 and len({c[0] for c in BAD}) == len(BAD)
+
+
+@pytest.mark.parametrize(("base", "mutate", "needle"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_inventory_is_rejected_by_name(base, mutate, needle):
+    out = problems_of(base, mutate)
+    assert any(needle in p for p in out), "\n".join(out) or "no problem reported"
+
+
+def test_every_role_range_is_checked_before_any_host():
+    from pdinfra.cluster import schema
+
+    for name, (lo, hi) in schema.ROLE_RANGES.items():
+        assert schema.role_var(name) is not None, f"{name} is not a variable of any role"
+        hv = copy.deepcopy(CPU)
+        hv["node1"][name] = hi + 1
+        out = [str(p) for p in R.resolve(hv, copy.deepcopy(GROUPS)).problems]
+        assert any(p.startswith(f"host node1: {name}: must be in {lo}..{hi}") for p in out), (name, out)
