@@ -1,9 +1,9 @@
 """Resolve the cluster description on the controller, before any host is touched (pdinfra.cluster.resolve).
 
 Reads every host's pdinfra and role variables as Ansible resolved them (inventory, group_vars, host_vars and
--e extra vars alike), templates them, and resolves the cluster model. On success it sets the fact
-``pdinfra_cluster`` (the whole model, without secrets) for the hosts to copy; with ``secrets: true`` it sets
-``pdinfra_secrets`` instead (run that task with no_log). ``output`` writes {problems, cluster} as JSON on the
+-e extra vars alike), templates them, and resolves the cluster model. On success it returns ``cluster`` (the
+whole model, without secrets) for playbooks/cluster.yml to publish; with ``secrets: true`` it returns ``secrets``
+instead (run that task with no_log). ``output`` writes {problems, cluster} as JSON on the
 controller (``pdinfra check-config`` and the Python consumers read the model that way).
 """
 
@@ -37,10 +37,21 @@ class ActionModule(ActionBase):
         wanted = tuple(schema.ROLE_PREFIXES.values())
         resolved: dict[str, dict] = {}
         template_problems = []
+        sources = task_vars.get("ansible_inventory_sources", []) or []
         for host in groups.get("all", []):
-            hv = hostvars[host]
+            try:
+                hv = hostvars[host]
+                keys = list(hv)
+            except Exception as exc:  # a group_vars/host_vars file that does not parse: say which, and where
+                from pathlib import Path as _P
+
+                from pdinfra.cluster.inventory import yaml_errors
+
+                where = yaml_errors([_P(s) for s in sources]) or [str(exc)]
+                result.update(failed=True, changed=False, msg="the inventory does not parse:\n  " + "\n  ".join(where))
+                return result
             resolved[host] = {}
-            for key in list(hv):
+            for key in keys:
                 if not isinstance(key, str) or key in ("pdinfra_cluster", "pdinfra_node", "pdinfra_secrets"):
                     continue
                 if key.startswith("pdinfra_") or key.startswith(wanted) or key == "ansible_host":
@@ -51,7 +62,7 @@ class ActionModule(ActionBase):
         scope = str(args.get("scope") or "full")
         if scope not in ("full", "host"):
             raise AnsibleError(f"scope must be full or host, not {scope!r}")
-        res = resolve.resolve(resolved, groups, task_vars.get("ansible_inventory_sources", []) or [], scope)
+        res = resolve.resolve(resolved, groups, sources, scope)
         problems = template_problems + res.problems
         result["changed"] = False
         if args.get("output"):
@@ -60,18 +71,16 @@ class ActionModule(ActionBase):
                 "cluster": res.cluster.to_dict() if res.cluster is not None and not problems else None,
             }))  # fmt: skip
         if problems:
-            sources = ", ".join(task_vars.get("ansible_inventory_sources", []) or [])
             result["failed"] = True
             result["problems"] = [str(p) for p in problems]
-            result["msg"] = resolve.format_problems(problems, sources or None)
+            result["msg"] = resolve.format_problems(problems, ", ".join(sources) or None)
             return result
         cluster = res.cluster
         if args.get("secrets"):
-            result["ansible_facts"] = {"pdinfra_secrets": {"api_key": cluster.secrets.api_key,
-                                                           "hf_token": cluster.secrets.hf_token}}  # fmt: skip
+            result["secrets"] = {"api_key": cluster.secrets.api_key, "hf_token": cluster.secrets.hf_token}
             result["msg"] = "secrets resolved"
             return result
-        result["ansible_facts"] = {"pdinfra_cluster": cluster.to_dict()}
+        result["cluster"] = cluster.to_dict()
         pd = [h.name for h in cluster.pd_hosts]
         if cluster.model is None:
             result["msg"] = f"host layer only: {len(cluster.hosts)} hosts, no PD cluster"

@@ -7,7 +7,7 @@ pre-flight role: no check logic is re-written in Jinja.
 
 Options: ``checks`` (ids, required), ``expect`` (dict, required), ``warn_only`` (ids whose fail is reported as
 warn), ``fail_on`` (ids whose warn is reported as fail). Returns ``results`` (id, verdict, evidence, remedy) and
-sets the fact ``pdinfra_host`` (the gathered facts) for later tasks of the play.
+``facts`` (what pdinfra_facts gathered, for later tasks that register the result).
 """
 
 from __future__ import annotations
@@ -52,6 +52,6 @@ class ActionModule(ActionBase):
             out.append({"check": r.id, "status": verdict, "detail": r.evidence, "remedy": r.remedy})
         result["changed"] = False
         result["results"] = out
-        result["ansible_facts"] = {"pdinfra_host": facts}
+        result["facts"] = facts
         result["msg"] = "; ".join(f"{r['status'].upper()} {r['check']}" for r in out)
         return result

@@ -54,11 +54,11 @@ def _cluster(inv: Path):
 
     try:
         return load_cluster(inv)
-    except ClusterError as exc:
-        console.print(str(exc), markup=False, highlight=False)
+    except ClusterError as exc:  # plain text, one problem a line: easy to grep, never wrapped
+        typer.echo(str(exc), err=True)
         raise typer.Exit(1) from exc
     except (InventoryError, AnsibleMissing) as exc:
-        console.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 
 

@@ -76,3 +76,32 @@ def test_decode_env_pins_gpus_and_the_side_channel_to_the_node(rendered):
     assert "OMP_NUM_THREADS" not in env and "PDINFRA_NIXL_PTHR_DELAY_US" not in env  # CPU-profile tuning only
     unit = (rendered / "hgx-h100-02-decode1.service").read_text()
     assert '"kv_role": "kv_consumer"' in unit
+
+
+def test_unit_cluster_json_transfer_plan_and_bench_prediction_agree(rendered):
+    """hgx-h100: what the unit deploys, what the node's cluster.json says, the KV cases `validate --transfer`
+    plans and the bench's KV prediction are one geometry: gpt-oss-120b, block size 64, TP 4."""
+    from pdinfra import transfer as T
+    from pdinfra.bench import live
+    from pdinfra.cluster import kvshape
+    from pdinfra.cluster.inventory import load_cluster
+    from pdinfra.cluster.model import Cluster
+    from pdinfra.transfer import checks as transfer_checks
+
+    unit = (rendered / "hgx-h100-02-decode0.service").read_text()
+    assert "--block-size 64" in unit and "--tensor-parallel-size 4" in unit
+    cluster = load_cluster(INV)
+    node_file = json.loads(json.dumps(cluster.node_file("hgx-h100-02")))  # what pd_runtime writes
+    node_cluster = Cluster.from_dict(node_file)
+    decode = [i for i in node_cluster.instances if i.host == "hgx-h100-02"]
+    assert {(i.block_size, i.tp, i.kv_dtype) for i in decode} == {(64, 4, "bfloat16")}
+    plan = transfer_checks.kv_plan(gpu=True, cluster=node_cluster, node=node_file["node"])
+    assert (plan.model_shape, plan.block_size, plan.tp) == ("gpt-oss-120b", 64, 4)
+    cfg = transfer_checks.compact_config({"gpus": {"present": True, "count": 8}}, plan=plan)
+    assert cfg.block_sizes == (64,) and cfg.tp == 4 and cfg.model_shape == "gpt-oss-120b"
+    shape = kvshape.get_shape("gpt-oss-120b")
+    (kv_case,) = [c for c in T.plan_cases(("READ",), (), (), ("contig",), shape, 8192, cfg.block_sizes, cfg.tp)]
+    assert kv_case.descs == kvshape.descriptors_per_request(shape, 8192, 64, 4)
+    assert kv_case.desc_bytes == kvshape.block_len(shape, 64, 4) and kv_case.kv["block_size"] == 64
+    ep, _ = live.endpoints_from_cluster(cluster)
+    assert (ep.model_shape, ep.block_size, ep.tp, ep.kv_dtype) == ("gpt-oss-120b", 64, 4, "bfloat16")

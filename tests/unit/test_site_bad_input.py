@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,3 +89,46 @@ def test_example_inventories_pass_the_config_check():
         res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(inv)],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert res.returncode == 0, (inv, res.stderr)
+
+
+def test_malformed_yaml_points_at_file_line_and_column(inventory):
+    hv = inventory / "host_vars" / "node2.yml"
+    hv.write_text(hv.read_text().replace("    port: 8200\n", "    port: 8200\n   bad_indent: [\n"))
+    res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(inventory / "hosts.yml")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert f"{hv}:" in res.stderr and "YAML error" in res.stderr, res.stderr
+    assert re.search(re.escape(str(hv)) + r":\d+:\d+: YAML error", res.stderr), res.stderr
+    out = site(inventory)
+    assert out.returncode != 0 and "node2.yml" in out.stdout + out.stderr, (out.stdout + out.stderr)[-2000:]
+
+
+def test_malformed_hosts_file_is_not_an_empty_inventory(inventory):
+    hosts = inventory / "hosts.yml"
+    hosts.write_text(hosts.read_text().replace("    node1:\n      ansible_host", "    node1:\n     ansible_host", 1))
+    res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(hosts)],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 2 and f"{hosts}:" in res.stderr and "no hosts in group" not in res.stderr, res.stderr
+    out = site(inventory)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "hosts.yml" in text and "UNREACHABLE" not in text, text[-2000:]
+
+
+def _problems_from_site(text: str) -> list[str]:
+    return sorted(line.strip()[2:] for line in text.splitlines() if line.strip().startswith("- host ")
+                  or line.strip().startswith("- pdinfra_") or line.strip().startswith("- rdma_roce"))  # fmt: skip
+
+
+def test_check_config_and_site_give_the_same_answer(inventory):
+    """Two mistakes, one in host_vars and one templated from another variable: both paths name both."""
+    hv = inventory / "host_vars" / "node1.yml"
+    hv.write_text(hv.read_text().replace("port: 8100", "port: 80000") + 'rdma_roce_mtu: "{{ 9000 + 2000 }}"\n')
+    cli = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(inventory / "hosts.yml")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert cli.returncode == 1, cli.stderr
+    play = site(inventory)
+    assert_stopped_before_hosts(play, "pdinfra_instances[0].port: must be a port number in 1..65535, not 80000")
+    for needle in ("host node1: pdinfra_instances[0].port: must be a port number in 1..65535, not 80000",
+                   "host node1: rdma_roce_mtu: must be in 1280..9216, not 11000"):  # fmt: skip
+        assert needle in cli.stderr.replace("\n", " ") or needle in cli.stderr, cli.stderr
+        assert needle in play.stdout + play.stderr, (play.stdout + play.stderr)[-3000:]

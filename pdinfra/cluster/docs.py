@@ -1,0 +1,174 @@
+"""Docs generated from the schema: docs/variables.md and the variable table of every role's README.
+
+``python -m pdinfra.cluster.docs --write`` rewrites them; ``--check`` (and tests/unit/test_docs_generated.py)
+fails when a file drifted from the schema, the roles' argument specs or their defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from pdinfra import paths
+from pdinfra.cluster import kvshape, profiles, schema
+from pdinfra.cluster.schema import Var
+
+BEGIN = "<!-- variables: generated from meta/argument_specs.yml and defaults/main.yml by pdinfra.cluster.docs -->"
+END = "<!-- /variables -->"
+VARIABLES_MD = paths.REPO / "docs" / "variables.md"
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def _code(value: object) -> str:
+    if isinstance(value, str):
+        text = value
+    else:
+        text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+    if len(text) > 70:
+        text = text[:67] + "..."
+    return f"`{_cell(text)}`" if text != "" else '`""`'
+
+
+def _allowed(var: Var) -> str:
+    parts = []
+    if var.choices:
+        parts.append(", ".join(f"`{c}`" for c in var.choices))
+    if var.type == "port":
+        parts.append("1..65535")
+    elif var.min is not None or var.max is not None:
+        parts.append(f"{var.min if var.min is not None else ''}..{var.max if var.max is not None else ''}")
+    if var.secret:
+        parts.append("secret")
+    return "; ".join(parts)
+
+
+def _var_table(variables: tuple[Var, ...], with_scope: bool = True) -> list[str]:
+    head = "| variable | type | default | allowed | " + ("scope | " if with_scope else "") + "meaning |"
+    lines = [head, "|" + " --- |" * (5 + with_scope)]
+    for v in variables:
+        default = v.default_doc
+        lines.append(
+            f"| `{v.name}` | {v.type} | {_cell(default)} | {_cell(_allowed(v))} | "
+            + (f"{v.scope} | " if with_scope else "")
+            + f"{_cell(v.description)} |"
+        )
+    return lines
+
+
+def role_table(role: str) -> str:
+    rs = schema.role_schemas()[role]
+    lines = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, rv in rs.variables.items():
+        if rv.has_default:
+            default = _code(rv.default)
+        elif "default" in rv.spec:
+            default = _code(rv.spec["default"])
+        else:
+            default = "required" if rv.spec.get("required") else "-"
+        meaning = rv.description
+        if rv.spec.get("choices"):
+            meaning += " One of " + ", ".join(f"`{c}`" for c in rv.spec["choices"]) + "."
+        if name in schema.ROLE_RANGES:
+            lo, hi = schema.ROLE_RANGES[name]
+            meaning += f" Range {lo}..{hi}."
+        if name in schema.ROLE_PATTERNS:
+            meaning += f" Must be {schema.ROLE_PATTERNS[name][1]}."
+        lines.append(f"| `{name}` | {rv.type} | {default} | {_cell(meaning)} |")
+    return "\n".join([BEGIN, *lines, END])
+
+
+def variables_md() -> str:
+    out = [
+        "# Inventory variables",
+        "",
+        "Generated from the schema (`pdinfra/cluster/schema.py`), the hardware profiles and each role's",
+        "`meta/argument_specs.yml` and `defaults/main.yml` by `python -m pdinfra.cluster.docs --write`; a test fails",
+        "when this file drifts. `pdinfra check-config -i INVENTORY` resolves and checks all of them before any host",
+        "is touched (the first play of `site.yml` runs the same check); every default is applied once, there.",
+        "",
+        "Scope: `cluster` values must be the same on every PD host (set them in `group_vars`); `host` values are per",
+        "host (`host_vars`); `router` values are read on the router host.",
+        "",
+        "## pdinfra",
+        "",
+        *_var_table(schema.PDINFRA_VARS),
+        "",
+    ]
+    for var in schema.PDINFRA_VARS:
+        if var.fields:
+            what = "each item of" if var.type == "list" else "keys of"
+            out += [f"### {what} `{var.name}`", "", *_var_table(var.fields, with_scope=False), ""]
+    out += [
+        "## Hardware profiles (`pdinfra_hardware`)",
+        "",
+        "What the validator and the preflight role expect of a host; `pdinfra_expect` overrides single keys. The",
+        "rails' MTU comes from `rdma_roce_mtu`, the driver version from `nvidia_driver_version`.",
+        "",
+        "| profile | expectations | rails | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for p in profiles.PROFILES.values():
+        rails = f"{p.rail_count} x {p.rail_speed_mbps // 1000} Gb/s" if p.rail_speed_mbps and p.rail_count else "-"
+        out.append(f"| `{p.name}` | {_code(p.expect)} | {rails} | {_cell(p.description)} |")
+    out += [
+        "",
+        "## Model shapes (`pdinfra_model.shape`)",
+        "",
+        "| shape | layers | KV heads | attention heads | head dim | dtype |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in kvshape.PRESETS.values():
+        out.append(f"| `{s.name}` | {s.num_layers} | {s.num_kv_heads} | {s.num_attention_heads} | {s.head_dim} | "
+                   f"{s.dtype} |")  # fmt: skip
+    for role in schema.ROLES:
+        out += ["", f"## Role `{role}` (roles/{role}/README.md)", "", *role_table(role).splitlines()[1:-1]]
+    return "\n".join(out) + "\n"
+
+
+def readme_with_table(role: str, text: str) -> str:
+    table = role_table(role)
+    if BEGIN in text and END in text:
+        start, end = text.index(BEGIN), text.index(END) + len(END)
+        return text[:start] + table + text[end:]
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("## Variables"))
+    first = next(i for i in range(head + 1, len(lines)) if lines[i].startswith("|"))
+    last = first
+    while last + 1 < len(lines) and lines[last + 1].startswith("|"):
+        last += 1
+    return "\n".join([*lines[:first], table, *lines[last + 1 :]]) + "\n"
+
+
+def targets() -> dict[Path, str]:
+    out = {VARIABLES_MD: variables_md()}
+    for role in schema.ROLES:
+        readme = schema.roles_dir() / role / "README.md"
+        out[readme] = readme_with_table(role, readme.read_text(encoding="utf-8"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the files")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a file differs")
+    args = parser.parse_args(argv)
+    drifted = []
+    for path, text in targets().items():
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current != text:
+            drifted.append(path)
+            if args.write:
+                path.write_text(text, encoding="utf-8")
+    for p in drifted:
+        print(f"{'rewrote' if args.write else 'differs'}: {p}")
+    return 1 if drifted and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

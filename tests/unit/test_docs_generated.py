@@ -1,0 +1,86 @@
+"""Docs and roles follow the schema: generated variable docs do not drift, roles read only the resolved model."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from pdinfra.cluster import docs, schema
+
+REPO = Path(__file__).resolve().parents[2]
+PUBLISHED = {"pdinfra_cluster", "pdinfra_node", "pdinfra_secrets", "pdinfra_host"}
+JINJA = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.S)
+BARE_KEYS = ("when", "that", "until", "changed_when", "failed_when", "loop")
+
+
+def test_variables_md_and_role_readmes_are_generated_from_the_schema():
+    drifted = [str(p.relative_to(REPO)) for p, text in docs.targets().items() if p.read_text() != text]
+    assert not drifted, f"regenerate with `python -m pdinfra.cluster.docs --write`: {drifted}"
+
+
+def test_the_drift_check_sees_a_change(tmp_path, monkeypatch):
+    stale = tmp_path / "variables.md"
+    stale.write_text("# stale\n")
+    monkeypatch.setattr(docs, "VARIABLES_MD", stale)
+    assert docs.main(["--check"]) == 1
+
+
+def _expressions(path: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8")
+    out = [a or b for a, b in JINJA.findall(text)]
+    if path.suffix == ".yml":
+
+        def walk(node):
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    if k in BARE_KEYS:
+                        out.extend(x for x in (v if isinstance(v, list) else [v]) if isinstance(x, str))
+                    walk(v)
+            elif isinstance(node, list):
+                for x in node:
+                    walk(x)
+
+        walk(yaml.safe_load(text))
+    return out
+
+
+def test_roles_and_playbooks_read_cluster_variables_only_from_the_resolved_model():
+    """Every default of a cluster variable is applied once (pdinfra.cluster.resolve): no role re-reads the raw
+    pdinfra_* inventory variables, and none defaults them with `| default(...)`."""
+    files = [p for p in (REPO / "roles").rglob("*") if p.suffix in (".yml", ".j2") and "README" not in p.name]
+    files += list((REPO / "playbooks").glob("*.yml")) + [REPO / "site.yml"]
+    bad = []
+    for path in files:
+        for expr in _expressions(path):
+            # a variable, not an attribute (x.pdinfra_src) or a quoted file name ('pdinfra_cpu_amx.pth')
+            for name in set(re.findall(r"(?<![.\w'\"])pdinfra_[a-z_]+\b(?![.\w]*['\"])", expr)) - PUBLISHED:
+                bad.append(f"{path.relative_to(REPO)}: {name} in {expr.strip()[:80]!r}")
+            if re.search(r"\bpdinfra_\w+(\.\w+)*\s*\|\s*default\(", expr):
+                bad.append(f"{path.relative_to(REPO)}: default() on a cluster variable: {expr.strip()[:80]!r}")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_the_role_reader_sees_a_raw_variable(tmp_path):
+    role = tmp_path / "defaults.yml"
+    role.write_text('x: "{{ pdinfra_block_size | default(64) }}"\n')
+    assert "pdinfra_block_size | default(64)" in _expressions(role)[0]
+
+
+def test_every_role_variable_is_declared_in_its_argument_spec():
+    """defaults/main.yml is the public API and argument_specs describes all of it (docs come from both)."""
+    missing = []
+    for role, rs in schema.role_schemas().items():
+        defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+        missing += [f"{role}: {k}" for k in defaults if k not in rs.variables]
+    assert not missing, missing
+
+
+def test_vllm_instance_spec_lists_every_field_of_a_resolved_instance():
+    from dataclasses import fields
+
+    from pdinfra.cluster.model import Instance
+
+    spec = schema.role_schemas()["vllm_instance"].variables["vllm_instance_list"].spec["options"]
+    assert set(spec) == {f.name for f in fields(Instance)}

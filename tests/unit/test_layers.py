@@ -1,0 +1,75 @@
+"""The package is split by layer, and data flows one way: no module imports a later layer.
+
+inventory -> cluster model -> host facts and checks -> transfer -> serving -> bench -> test hosts -> CLI.
+``paths`` and ``playbook`` (run Ansible with the project's configuration) are the base every layer may use.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "pdinfra"
+LAYERS = ["base", "cluster", "host", "transfer", "serving", "bench", "testhosts", "cli"]
+BASE_MODULES = {"paths", "playbook", "__init__", "__main__"}
+
+
+def layer_of(module: str) -> str:
+    """pdinfra.cluster.model -> cluster; pdinfra.paths -> base."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] in BASE_MODULES:
+        return "base" if parts[-1] != "__main__" else "cli"
+    return parts[1]
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pdinfra"):
+            if node.module == "pdinfra":
+                out += [(f"pdinfra.{a.name}", node.lineno) for a in node.names]
+            else:
+                out.append((node.module, node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.startswith("pdinfra")]
+    return out
+
+
+def modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        out.append((".".join(rel.parts), path))
+    return out
+
+
+def test_every_module_belongs_to_a_known_layer():
+    unknown = {m: layer_of(m) for m, _ in modules() if layer_of(m) not in LAYERS}
+    assert not unknown, f"modules outside the layers {LAYERS}: {unknown}"
+
+
+def test_no_module_imports_a_later_layer():
+    bad = []
+    for module, path in modules():
+        mine = LAYERS.index(layer_of(module))
+        for target, line in imports(path):
+            theirs = LAYERS.index(layer_of(target)) if layer_of(target) in LAYERS else None
+            if theirs is not None and theirs > mine:
+                bad.append(f"{path.relative_to(PKG.parent)}:{line}: {module} ({LAYERS[mine]}) imports {target} "
+                           f"({LAYERS[theirs]})")  # fmt: skip
+    assert not bad, "\n".join(bad)
+
+
+def test_host_facts_stay_free_of_pdinfra_imports():
+    """facts.py is also the Ansible module pdinfra_facts (module_utils links to it): stdlib only."""
+    assert imports(PKG / "host" / "facts.py") == []
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    """The rule can fail: a cluster module importing the bench is reported."""
+    bad = tmp_path / "pdinfra" / "cluster" / "bad.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("from pdinfra.bench import plan\n")
+    (target,) = imports(bad)
+    assert LAYERS.index(layer_of(target[0])) > LAYERS.index(layer_of("pdinfra.cluster.bad"))
