@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time README command 1 (`pdinfra up`) from cold and from warm caches, and a re-converge.
 
-    sudo .venv/bin/python benchmarks/bringup.py [--skip-cold]
+    sudo .venv/bin/python benchmarks/bringup.py [--skip-cold] | tee docs/runs/<date>-bringup.txt
 
 cold: empty cache and state directories (debootstrap, wheelhouse download, venv install, model).
 warm: caches kept (base root filesystem, wheelhouse, model), test hosts destroyed first.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -56,8 +57,28 @@ def main() -> None:
     changed = sum(int(x) for x in re.findall(r"changed=(\d+)", out))
     figures.append((f"site.yml re-converge (changed={changed})", dt))
     timed([pd, "down"], env)
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')} on {platform.node()}: {os.cpu_count()} cores, "
+        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, {platform.platform()}"
+    )
     for name, secs in figures:
         print(f"{name:50s} {secs:7.1f} s")
+    print(
+        f"targets: cold <= 1200 s, warm <= 300 s, re-converge changed=0: "
+        f"{'met' if all(ok for ok in _met(figures)) else 'NOT met'}"
+    )
+
+
+def _met(figures: list[tuple[str, float]]) -> list[bool]:
+    out = []
+    for name, secs in figures:
+        if "cold" in name:
+            out.append(secs <= 1200)
+        elif "warm" in name:
+            out.append(secs <= 300)
+        else:
+            out.append("changed=0" in name)
+    return out
 
 
 if __name__ == "__main__":

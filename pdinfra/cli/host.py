@@ -163,7 +163,7 @@ def validate_cmd(
         from pdinfra.transfer import NixlMissingError
         from pdinfra.transfer import checks as transfer_checks
 
-        err = Console(stderr=True)
+        err = Console(stderr=True, soft_wrap=True)
         try:
             cluster, node = _node_cluster(cluster_file)
             measured, report = transfer_checks.run(

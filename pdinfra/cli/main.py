@@ -27,7 +27,7 @@ bench_app = typer.Typer(no_args_is_help=True, help="SLO benchmarks: vllm bench s
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(model_app, name="model")
 app.add_typer(bench_app, name="bench")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 
 Inv = Annotated[
     Path, typer.Option("--inventory", "-i", help="Ansible inventory (default: the local two-node cluster).")

@@ -126,7 +126,7 @@ def transfer_cmd(
     )
     from rich.console import Console
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         report = T.run_benchmark(cfg, progress=lambda m: err.print(f"[dim]{m}[/]"))
     except T.NixlMissingError as exc:

@@ -252,17 +252,15 @@ def test_rdma_roce_net_helpers():
 
 
 def _ansible_env(tmp: Path) -> dict:
-    env = dict(os.environ)
-    env.update(
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+    from pdinfra.playbook import ansible_env
+
+    return ansible_env(
         ANSIBLE_ROLES_PATH=str(ROLES),
         ANSIBLE_HOME=str(tmp / "ansible-home"),
         ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"),
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_FORCE_COLOR="0",
-        PATH=f"{ANSIBLE_PLAYBOOK.parent}{os.pathsep}{env.get('PATH', '')}",
     )
-    return env
 
 
 def _play(tmp: Path, playbook: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -40,3 +40,33 @@ def test_recorded_h200x2_evidence_shows_nv18_open_driver_and_dmabuf():
 def test_recorded_h200x2_without_ucx_info_is_a_warning_not_a_pass():
     r = results()
     assert r["ucx.transports"].verdict == "warn"
+
+
+CLUSTER_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-cluster-transfer"
+
+
+def test_recorded_cluster_run_judged_again_under_the_profile_expectations():
+    """2026-12-01 on 2xH200: the facts judged again with the expectations the cluster model resolved for the
+    hgx-h200-2gpu profile give what the machine printed (17 pass, 1 warn, 0 fail), gpu.pci_count included."""
+    facts = json.loads((CLUSTER_RUN / "facts.json").read_text())
+    expect = checks.Expect.from_dict(json.loads((CLUSTER_RUN / "expect.json").read_text()))
+    results = {r.id: r for r in checks.run_checks(facts, expect)}
+    assert [i for i, r in results.items() if r.verdict == checks.FAIL] == []
+    assert results["gpu.pci_count"].verdict == checks.PASS and "2 NVIDIA GPU" in results["gpu.pci_count"].evidence
+    assert [i for i, r in results.items() if r.verdict == checks.WARN] == ["ucx.transports"]
+    assert "17 pass, 1 warn, 0 fail, 5 n/a" in (CLUSTER_RUN / "validate-table.txt").read_text()
+
+
+def test_recorded_cluster_run_planned_its_kv_case_from_cluster_json():
+    from pdinfra.cluster.model import Cluster
+    from pdinfra.transfer import checks as transfer_checks
+
+    cluster, node = Cluster.load(CLUSTER_RUN / "cluster.json")
+    plan = transfer_checks.kv_plan(True, cluster, node)
+    report = json.loads((CLUSTER_RUN / "transfer.json").read_text())
+    assert report["kv_plan"] == plan.__dict__ == {
+        "source": "cluster.json (h200x2)", "model_shape": "gpt-oss-120b", "block_size": 64, "tp": 1,
+        "kv_dtype": "bfloat16",
+    }  # fmt: skip
+    kv = [r for r in report["results"] if r["case"].startswith("READ kv:")]
+    assert kv and kv[0]["descs"] == 9216 and kv[0]["verdict"] == "pass"

@@ -7,12 +7,13 @@ defaults and the inventory's variables: what a real GPU cluster would get in /et
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from pdinfra.playbook import ansible_env
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -50,7 +51,7 @@ def rendered(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("units")
     play = out / "render.yml"
     play.write_text(PLAY.format(repo=REPO, out=out))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    env = ansible_env()
     res = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INV), str(play)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]

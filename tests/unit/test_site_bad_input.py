@@ -7,7 +7,6 @@ host, the run would end UNREACHABLE instead of with the variable's name.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -15,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from pdinfra.playbook import ansible_env
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -31,8 +32,7 @@ def inventory(tmp_path):
 
 
 def site(inv: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               PATH=f"{BIN}:{os.environ.get('PATH', '')}")  # fmt: skip
+    env = ansible_env(ANSIBLE_NOCOLOR="1")
     return subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", str(inv / "hosts.yml"), "site.yml", *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
@@ -132,3 +132,16 @@ def test_check_config_and_site_give_the_same_answer(inventory):
                    "host node1: rdma_roce_mtu: must be in 1280..9216, not 11000"):  # fmt: skip
         assert needle in cli.stderr.replace("\n", " ") or needle in cli.stderr, cli.stderr
         assert needle in play.stdout + play.stderr, (play.stdout + play.stderr)[-3000:]
+
+
+def test_recorded_check_config_run_in_the_docs_is_still_what_it_prints():
+    """README and docs/runs show this run; it stays true."""
+    rec = (REPO / "docs" / "runs" / "2026-12-01-check-config-mistakes.md").read_text()
+    block = rec.split("```\n", 2)[1].split("```")[0].splitlines()
+    expected = [line for line in block[1:] if not line.startswith("rc=")]
+    inv = "tests/fixtures/inventories/hgx-mistakes/hosts.yml"
+    res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", inv],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    assert res.returncode == 1 and res.stderr.splitlines() == expected, res.stderr
+    readme = (REPO / "README.md").read_text()
+    assert "\n".join(expected) in readme

@@ -1,0 +1,150 @@
+"""Every check that can fail is seen failing, and a mutation test proves it.
+
+FAIL_CASES takes the good synthesised HGX H100 host (8 GPUs, 8 RoCE rails; tests/fixtures/hosts), judged under
+the expectations the cluster model resolves for the hgx-h100-8gpu profile, changes one fact, and names the
+check that must fail. The mutation test then turns each check's ``fail`` into ``pass`` in turn: at least one
+case must notice, or the check's fail path is untested. It is in-process and takes about a second.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdinfra.host import checks
+from pdinfra.host.facts import gather
+
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
+NIC_BUSES = ["1a", "2b", "3b", "5e", "9b", "ac", "bb", "dc"]
+GOOD = gather(str(HOSTS / "hgx-h100-8gpu-8roce"))
+EXPECT = {
+    # what pdinfra.cluster.resolve gives this host with pdinfra_hardware: hgx-h100-8gpu (test_cluster_expectations)
+    "role": "gpu", "gpu_count": 8, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
+    "driver_version": "550.54.15", "pd_hosts": 2,
+    "rdma": [{"netdev": f"enp{int(b, 16)}s0np0", "address": f"198.18.{i}.11/24", "mtu": 9000}
+             for i, b in enumerate(NIC_BUSES)],
+}  # fmt: skip
+
+Mutator = Callable[[dict[str, Any]], Any]
+
+
+def _dev(i: int, **kw: Any) -> Mutator:
+    return lambda f: f["gpus"]["devices"][i].update(kw)
+
+
+def _port0(**kw: Any) -> Mutator:
+    return lambda f: f["rdma"]["devices"][0]["ports"][0].update(kw)
+
+
+FAIL_CASES: list[tuple[str, str, Mutator, dict[str, Any]]] = [
+    # (case, check that must fail, facts mutation, expectation overrides)
+    ("kernel 5.10", "os.kernel_version", lambda f: f["kernel"].update(version=[5, 10, 0], release="5.10.0"), {}),
+    ("no CONFIG_DMA_SHARED_BUFFER", "os.kernel_dmabuf_config",
+     lambda f: f["kernel"]["config"].update(CONFIG_DMA_SHARED_BUFFER="n"), {}),
+    ("proprietary module", "driver.open_module", lambda f: f["nvidia_driver"].update(flavour="proprietary"), {}),
+    ("driver not loaded", "driver.open_module", lambda f: f["nvidia_driver"].update(loaded=False), {}),
+    ("module and library differ", "driver.version", lambda f: f["nvidia_driver"].update(version="550.90.07"), {}),
+    ("driver off the pin", "driver.version", lambda f: None, {"driver_version": "580.159.04"}),
+    ("nouveau loaded", "driver.nouveau_absent", lambda f: f["modules"]["loaded"].update(nouveau=True), {}),
+    ("persistence off", "driver.persistence_mode", _dev(3, persistence_mode=False), {}),
+    ("7 GPUs in NVML", "gpu.count", lambda f: f["gpus"].update(count=7), {}),
+    ("no GPU facts", "gpu.count", lambda f: f["gpus"].update(present=False, reason="NVML: driver not loaded"), {}),
+    ("a GPU missing on the bus", "gpu.pci_count", lambda f: f["pci"]["gpus"].pop(), {}),
+    ("GPU fell off the bus", "gpu.pci_count", lambda f: f["gpus"].update(count=7), {"gpu_count": 9}),
+    ("no GPU on the bus", "gpu.pci_count", lambda f: f["pci"].update(gpus=[]), {}),
+    ("a NVLink down", "gpu.nvlink", lambda f: f["gpus"]["devices"][2]["nvlinks"][5].update(active=False), {}),
+    ("NVLink 3.0", "gpu.nvlink", lambda f: None, {"nvlink_version": "3.0"}),
+    ("P2P not supported", "gpu.p2p", lambda f: f["gpus"]["p2p"][0].update(nvlink="NS"), {}),
+    ("PCIe x8", "gpu.pcie", lambda f: f["gpus"]["devices"][1]["pcie"].update(cur_width=8), {}),
+    ("fabric in progress", "gpu.fabric", _dev(0, fabric={"state": "In Progress", "status": None}), {}),
+    ("fabric manager at another version", "gpu.fabric_manager",
+     lambda f: f["fabric_manager"].update(version="550.1"), {}),
+    ("fabric manager stopped", "gpu.fabric_manager", lambda f: f["fabric_manager"].update(service="failed"), {}),
+    ("no fabric manager, fabric not up", "gpu.fabric_manager",
+     lambda f: (f["fabric_manager"].update(installed=False),
+                f["gpus"]["devices"][0].update(fabric={"state": "Not Started", "status": None})), {}),
+    ("no DMA_BUF_SUPPORTED", "gpu.dmabuf", _dev(4, cuda={"dma_buf_supported": 0}), {}),
+    ("rail port down", "rdma.ports", _port0(state="DOWN", phys_state="Disabled"), {}),
+    ("no RDMA device", "rdma.ports", lambda f: f["rdma"].update(present=False, devices=[], reason="no mlx5"), {}),
+    ("RoCE v1 only", "rdma.roce_v2_gid",
+     lambda f: [g.update(type="IB/RoCE v1") for g in f["rdma"]["devices"][0]["ports"][0]["gids"]], {}),
+    ("rail MTU 1500", "rdma.mtu", lambda f: f["netdevs"]["interfaces"]["enp26s0np0"].update(mtu=1500), {}),
+    ("rail netdev missing", "rdma.mtu", lambda f: f["netdevs"]["interfaces"].pop("enp26s0np0"), {}),
+    ("RoCE active MTU 1024", "rdma.mtu", _port0(active_mtu=1024), {}),
+    ("UCX without cuda_ipc", "ucx.transports", lambda f: f["ucx"]["transports"].pop("cuda_ipc"), {}),
+    ("UCX without verbs", "ucx.transports",
+     lambda f: [f["ucx"]["transports"].pop(t, None) for t in ("rc_mlx5", "rc_verbs")], {}),
+    ("instance answers 500", "serving.health", lambda f: f["instances"][0].update(health="HTTP 500"), {}),
+    ("instances disagree on block size", "serving.pd_consistency",
+     lambda f: f["instances"].append(dict(f["instances"][0], name="prefill", role="prefill", port=8100,
+                                          side_channel_port=5600, block_size=64)), {}),
+    ("local side channel across hosts", "serving.pd_consistency",
+     lambda f: f["instances"][0].update(side_channel_host="localhost"), {}),
+]  # fmt: skip
+
+NEVER_FAIL = {
+    # checks that only warn by design (docs/validation.md): a missing or risky state is reported, not failed
+    "os.iommu", "os.secure_boot", "driver.peermem",
+}  # fmt: skip
+
+
+def _run(case: tuple[str, str, Mutator, dict[str, Any]]) -> dict[str, checks.CheckResult]:
+    _, _, mutate, overrides = case
+    facts = copy.deepcopy(GOOD)
+    mutate(facts)
+    expect = checks.Expect.from_dict({**copy.deepcopy(EXPECT), **overrides})
+    return {r.id: r for r in checks.run_checks(facts, expect)}
+
+
+def test_the_good_host_has_no_failure():
+    out = {r.id: r for r in checks.run_checks(copy.deepcopy(GOOD), checks.Expect.from_dict(EXPECT))}
+    assert [i for i, r in out.items() if r.verdict == checks.FAIL] == []
+
+
+@pytest.mark.parametrize("case", FAIL_CASES, ids=[c[0] for c in FAIL_CASES])
+def test_fail_path(case):
+    out = _run(case)
+    r = out[case[1]]
+    assert r.verdict == checks.FAIL, r
+    assert r.remedy, f"{r.id} fails without a remedy"
+    assert "check raised" not in r.evidence, r.evidence
+
+
+def _can_fail(fn: Callable[..., Any]) -> bool:
+    """A check can fail when its source returns fail(...) or (fail if ... else warn)(...)."""
+    tree = ast.parse(inspect.getsource(fn).lstrip())
+    return any(isinstance(n, ast.Name) and n.id == "fail" for n in ast.walk(tree))
+
+
+def test_every_check_that_can_fail_has_a_case():
+    can_fail = {c.id for c in checks.CATALOG if _can_fail(c.fn)}
+    assert can_fail.isdisjoint(NEVER_FAIL), can_fail & NEVER_FAIL
+    assert {c.id for c in checks.CATALOG} - can_fail >= NEVER_FAIL
+    assert can_fail <= {c[1] for c in FAIL_CASES}, sorted(can_fail - {c[1] for c in FAIL_CASES})
+
+
+def test_mutation_every_fail_path_is_noticed():
+    """Turn each check's fail into pass in turn: some case must then see its expected fail go missing."""
+    survivors = []
+    for i, check in enumerate(list(checks.CATALOG)):
+        if not _can_fail(check.fn):
+            continue
+
+        def passing(facts, expect, _fn=check.fn):
+            out = _fn(facts, expect)
+            return checks.ok(out.evidence) if out.verdict == checks.FAIL else out
+
+        checks.CATALOG[i] = checks.Check(check.id, check.title, check.layer, passing)
+        try:
+            noticed = any(_run(case)[case[1]].verdict != checks.FAIL for case in FAIL_CASES if case[1] == check.id)
+        finally:
+            checks.CATALOG[i] = check
+        if not noticed:
+            survivors.append(check.id)
+    assert survivors == [], f"forcing these checks to pass went unnoticed: {survivors}"
