@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: gather pdinfra host facts (pdinfra/facts.py, shipped as module_utils/pdinfra_facts.py)."""
+"""Ansible module: gather pdinfra host facts (pdinfra/host/facts.py, shipped as module_utils/pdinfra_facts.py)."""
 
 from __future__ import annotations
 

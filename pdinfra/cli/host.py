@@ -150,7 +150,13 @@ def validate_cmd(
         ),
     ] = Path(NODE_FILE),
 ) -> None:
-    """Validate hosts against the check catalog; exits 1 if any check fails."""
+    """Validate hosts against the check catalog; exits 1 if any check fails, 2 on bad arguments."""
+    if root not in (None, "/"):
+        tree = Path(root)
+        if not tree.is_dir():
+            raise typer.BadParameter(f"{root} is not a directory (a recorded host tree)", param_hint="--root")
+        if not any(tree.iterdir()):
+            raise typer.BadParameter(f"{root} is empty: nothing recorded to judge", param_hint="--root")
     all_facts = [_load_facts(p) for p in facts_file] if facts_file else [gather(root or "/")]
     results: list[checks.CheckResult] = []
     for facts in all_facts:

@@ -15,6 +15,32 @@ def _csv(text: str | None) -> list[str]:
     return [p.strip() for p in (text or "").split(",") if p.strip()]
 
 
+def _bad(option: str, message: str) -> typer.BadParameter:
+    return typer.BadParameter(message, param_hint=option)
+
+
+def _sizes(text: str | None, option: str = "--sizes") -> tuple[int, ...]:
+    out = []
+    for item in _csv(text):
+        try:
+            size = T.parse_size(item)
+        except ValueError:
+            raise _bad(option, f"{item!r} is not a size (e.g. 64KiB, 16MiB, 1GiB)") from None
+        if size <= 0:
+            raise _bad(option, f"{item!r}: a transfer needs at least one byte")
+        out.append(size)
+    return tuple(out)
+
+
+def _ints(text: str | None, option: str, minimum: int) -> tuple[int, ...]:
+    out = []
+    for item in _csv(text):
+        if not item.isdigit() or int(item) < minimum:
+            raise _bad(option, f"{item!r} is not an integer >= {minimum}")
+        out.append(int(item))
+    return tuple(out)
+
+
 def _batches(text: str | None) -> tuple[tuple[int, int], ...] | None:
     if text is None:
         return None
@@ -23,7 +49,9 @@ def _batches(text: str | None) -> tuple[tuple[int, int], ...] | None:
     out = []
     for item in _csv(text):
         count, _, size = item.lower().partition("x")
-        out.append((int(count), T.parse_size(size)))
+        if not count.isdigit() or int(count) < 1 or not size:
+            raise _bad("--batches", f"{item!r}: want COUNTxSIZE with COUNT >= 1, e.g. 4096x16KiB")
+        out.append((int(count), _sizes(size, "--batches")[0]))
     return tuple(out)
 
 
@@ -36,7 +64,9 @@ def _ucx_envs(values: list[str] | None) -> tuple[dict[str, str], ...]:
         env: dict[str, str] = {}
         for item in value.split(";"):
             if item.strip() and item.strip() != "default":
-                key, _, val = item.partition("=")
+                key, eq, val = item.partition("=")
+                if not eq or not key.strip().isidentifier():
+                    raise _bad("--ucx-env", f"{item!r}: want KEY=VALUE (e.g. UCX_TLS=cuda_ipc,tcp)")
                 env[key.strip()] = val.strip()
         envs.append(env)
     return tuple(envs)
@@ -102,19 +132,37 @@ def transfer_cmd(
     """Measure NIXL READ/WRITE between two processes and judge the transport UCX picked."""
     ops = ("READ", "WRITE") if mode.lower() == "both" else (mode.upper(),)
     if any(op not in ("READ", "WRITE") for op in ops):
-        raise typer.BadParameter("mode must be READ, WRITE or both")
+        raise _bad("--mode", f"{mode!r}: want READ, WRITE or both")
+    from pdinfra.cluster import kvshape
+
+    if model_shape is not None and model_shape.strip().lower() not in kvshape.PRESETS:
+        raise _bad("--model-shape", f"{model_shape!r}; known: {', '.join(sorted(kvshape.PRESETS))}")
+    bad_layouts = [x for x in _csv(layouts) if x not in ("contig", "scatter")]
+    if bad_layouts:
+        raise _bad("--layouts", f"{', '.join(bad_layouts)}: want contig and/or scatter")
+    blocks = _ints(block_size, "--block-size", 1)
+    if not blocks or any(b & (b - 1) for b in blocks):
+        raise _bad("--block-size", f"{block_size!r}: want powers of two, e.g. 16,64")
+    for name, value, low in (("--tp", tp, 1), ("--iters", iters, 1), ("--prompt-tokens", prompt_tokens, 1)):
+        if value is not None and value < low:
+            raise _bad(name, f"{value}: must be >= {low}")
+    if cap <= 0:
+        raise _bad("--cap", f"{cap}: must be > 0 seconds")
+    for name, value in (("--link-gbps", link_gbps), ("--pcie-gbps", pcie_gbps)):
+        if value is not None and value <= 0:
+            raise _bad(name, f"{value}: must be > 0 GB/s")
     cfg = T.BenchConfig(
         ops=ops,
-        sizes=tuple(T.parse_size(s) for s in _csv(sizes)) or None,
+        sizes=_sizes(sizes) or None,
         batches=_batches(batches),
         layouts=tuple(_csv(layouts)) or None,
         model_shape=model_shape,
         prompt_tokens=prompt_tokens,
-        block_sizes=tuple(int(b) for b in _csv(block_size)),
+        block_sizes=blocks,
         tp=tp,
         kv_plain=kv_plain,
-        gpus=[int(g) for g in _csv(gpus)] if gpus is not None else None,
-        num_threads=tuple(int(t) for t in _csv(threads)),
+        gpus=list(_ints(gpus, "--gpus", 0)) if gpus is not None else None,
+        num_threads=_ints(threads, "--threads", 0) or (0,),
         ucx_envs=_ucx_envs(ucx_env),
         link_gbps=link_gbps,
         pcie_gbps=pcie_gbps,

@@ -94,6 +94,7 @@ class Expect:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Expect:
+        """From expect.json (or --expect): every key type-checked, each error naming the key."""
         data = dict(data or {})
         if "_error" in data:
             raise ValueError(str(data["_error"]))
@@ -103,6 +104,24 @@ class Expect:
             raise ValueError(f"unknown expectation key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         if data.get("role", "gpu") not in ("gpu", "cpu"):
             raise ValueError(f"role must be 'gpu' or 'cpu', not {data['role']!r}")
+
+        def integer(key: str, value: Any, low: int) -> int:
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{key} must be an integer >= {low}, not {value!r}")
+            return value
+
+        for key, low in (("gpu_count", 0), ("nvlinks_per_gpu", 0), ("pd_hosts", 1)):
+            if data.get(key) is not None:
+                data[key] = integer(key, data[key], low)
+        if data.get("fabric") is not None and not isinstance(data["fabric"], bool):
+            raise ValueError(f"fabric must be true or false, not {data['fabric']!r}")
+        if "min_kernel" in data and not (
+            isinstance(data["min_kernel"], str) and parse_version_tuple(data["min_kernel"])
+        ):
+            raise ValueError(f"min_kernel must be a kernel version such as '5.12', not {data['min_kernel']!r}")
+        tls = data.get("ucx_tls_required")
+        if tls is not None and (not isinstance(tls, list) or not all(isinstance(t, str) and t for t in tls)):
+            raise ValueError(f"ucx_tls_required must be a list of transport names, not {tls!r}")
         rdma = []
         for item in data.pop("rdma", None) or []:
             if isinstance(item, str):
@@ -112,9 +131,21 @@ class Expect:
             extra = set(item) - {"netdev", "address", "mtu"}
             if extra:
                 raise ValueError(f"unknown rdma key(s) {sorted(extra)} in {item!r}")
-            rdma.append(RdmaExpect(str(item["netdev"]), item.get("address"), item.get("mtu")))
+            address = item.get("address")
+            if address is not None:
+                try:
+                    if "/" not in str(address):
+                        raise ValueError(address)
+                    ipaddress.ip_interface(str(address))
+                except ValueError:
+                    raise ValueError(f"rdma address must be an address with prefix length, not {address!r}") from None
+            mtu = integer("rdma mtu", item["mtu"], 576) if item.get("mtu") is not None else None
+            rdma.append(RdmaExpect(str(item["netdev"]), address, mtu))
         if data.get("nvlink_version") is not None:
-            data["nvlink_version"] = normalise_nvlink_version(data["nvlink_version"])
+            try:
+                data["nvlink_version"] = normalise_nvlink_version(data["nvlink_version"])
+            except ValueError:
+                raise ValueError(f"nvlink_version must be like '4.0' or 4, not {data['nvlink_version']!r}") from None
         if data.get("driver_version") is not None:
             data["driver_version"] = str(data["driver_version"])
         return cls(rdma=rdma, **data)
@@ -391,6 +422,8 @@ def peermem(facts: Facts, expect: Expect) -> Outcome:
     dmabuf = dmabuf_usable(facts, expect).verdict == PASS
     state = {True: "loaded", False: "not loaded", None: "unknown"}[loaded if not sysfs else True]
     evidence = f"nvidia_peermem {state}; dma-buf path {'usable' if dmabuf else 'not usable'}"
+    if state == "unknown" and not _devices(facts):
+        return warn(evidence + " (no module list or GPU facts recorded)", "Gather facts on the host itself.")
     if expect.rdma and not dmabuf and state != "loaded":
         return warn(
             evidence + ": GPUDirect RDMA has neither path",
@@ -544,11 +577,18 @@ def fabric(facts: Facts, expect: Expect) -> Outcome:
         return na("no GPUs to inspect")
     if not _has_fabric(facts, expect):
         return na("no NVSwitch fabric declared or reported")
-    bad = []
+    bad, unrecorded = [], []
     for d in devices:
         f = d.get("fabric") or {}
-        if f.get("state") != "Completed" or f.get("status") != "Success":
+        if f.get("state") is None:
+            unrecorded.append(str(d.get("index")))
+        elif f.get("state") != "Completed" or f.get("status") != "Success":
             bad.append(f"GPU{d.get('index')}: {f.get('state')}/{f.get('status')}")
+    if not bad and unrecorded:
+        return warn(
+            f"fabric state not recorded for GPU {', '.join(unrecorded)} (NVML without nvmlDeviceGetGpuFabricInfo?)",
+            "Use nvidia-ml-py >= 12.535 (the fabric query) and re-gather facts; `nvidia-smi -q | grep -A3 Fabric`.",
+        )
     if bad:
         return fail(
             _join(bad),
@@ -670,10 +710,34 @@ def rdma_ports(facts: Facts, expect: Expect) -> Outcome:
     return ok(f"{len(good)} ports ACTIVE/LinkUp/Ethernet ({', '.join(rates)})")
 
 
+def _undeclared_ports(facts: Facts) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """ACTIVE Ethernet (RoCE) ports present on the host: judged at warn level when no rail is declared."""
+    return [
+        (d, p)
+        for d in (facts.get("rdma") or {}).get("devices") or []
+        for p in d.get("ports") or []
+        if p.get("link_layer") == "Ethernet" and p.get("state") == "ACTIVE"
+    ]
+
+
 @check("rdma.roce_v2_gid", "RoCE v2 GID bound to the configured address", "rdma")
 def roce_v2_gid(facts: Facts, expect: Expect) -> Outcome:
     if not expect.rdma:
-        return na("no RDMA declared")
+        ports = _undeclared_ports(facts)
+        if not ports:
+            return na("no RDMA declared or active RoCE port present")
+        lacking = [
+            f"{d['name']}/{p['port']}"
+            for d, p in ports
+            if not any(g.get("type") == "RoCE v2" and g.get("ipv4") for g in p.get("gids") or [])
+        ]
+        if lacking:
+            return warn(
+                f"undeclared RoCE ports without a RoCE v2 IPv4 GID: {_join(lacking)}",
+                "Declare the rails in the inventory (rdma_roce_nics) so rdma_roce configures them, or leave them "
+                "unused.",
+            )
+        return ok(f"{len(ports)} undeclared RoCE port(s) have a RoCE v2 IPv4 GID")
     problems, good = [], []
     for want in expect.rdma:
         gids = [
@@ -701,9 +765,29 @@ def roce_v2_gid(facts: Facts, expect: Expect) -> Outcome:
 
 @check("rdma.mtu", "MTU consistent: netdev, declaration and RoCE active MTU", "rdma")
 def rdma_mtu(facts: Facts, expect: Expect) -> Outcome:
-    if not expect.rdma:
-        return na("no RDMA declared")
     interfaces = (facts.get("netdevs") or {}).get("interfaces") or {}
+    if not expect.rdma:
+        ports = _undeclared_ports(facts)
+        if not ports:
+            return na("no RDMA declared or active RoCE port present")
+        mtus = {}
+        for d, port in ports:
+            names = set(d.get("netdevs") or []) | {g.get("ndev") for g in port.get("gids") or [] if g.get("ndev")}
+            for nd in names:
+                if (interfaces.get(nd) or {}).get("mtu") is not None:
+                    mtus[nd] = int(interfaces[nd]["mtu"])
+        if not mtus:
+            return warn(
+                f"{len(ports)} undeclared RoCE port(s), their netdevs' MTU not recorded",
+                "Gather facts on the host (/sys/class/net/<netdev>/mtu) and declare the rails in the inventory.",
+            )
+        if len(set(mtus.values())) > 1:
+            return warn(
+                "undeclared RoCE netdevs differ in MTU: " + _join(f"{k} {v}" for k, v in sorted(mtus.items())),
+                "Give every rail the same MTU (9000 on a lossless fabric) and declare the rails in the inventory.",
+            )
+        seen = ", ".join(sorted(map(str, set(mtus.values())))) or "unknown"
+        return ok(f"{len(ports)} undeclared RoCE port(s), netdev MTU {seen}")
     problems, good = [], []
     for want in expect.rdma:
         nd = interfaces.get(want.netdev)
@@ -723,6 +807,13 @@ def rdma_mtu(facts: Facts, expect: Expect) -> Outcome:
             elif want.mtu is not None and active is not None and active < roce_mtu(want.mtu):
                 problems.append(f"{want.netdev} ({dev['name']}): RoCE active_mtu {active} < {roce_mtu(want.mtu)}")
         good.append(f"{want.netdev} {mtu}")
+    declared_free = {
+        w.netdev: int(interfaces[w.netdev]["mtu"])
+        for w in expect.rdma
+        if w.mtu is None and (interfaces.get(w.netdev) or {}).get("mtu") is not None
+    }
+    if len(set(declared_free.values())) > 1:
+        problems.append("rails differ in MTU: " + ", ".join(f"{k} {v}" for k, v in sorted(declared_free.items())))
     if problems:
         return fail(
             _join(problems),

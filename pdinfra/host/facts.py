@@ -269,6 +269,8 @@ def boot(host: Host) -> dict[str, Any]:
 
 
 def secure_boot(host: Host) -> str:
+    if not host.exists("sys/firmware"):
+        return "unknown"  # a recorded tree without /sys/firmware: not recorded, not "legacy boot"
     if not host.exists("sys/firmware/efi"):
         return "no EFI"
     raw = host.read_bytes(f"sys/firmware/efi/efivars/{SECURE_BOOT_VAR}")

@@ -86,6 +86,44 @@ LARGE_XFER = 256 * MIB
 MIN_LINK_EFF = 0.5
 DESC_BOUND_MIN = 64
 DESC_BOUND_EFF = 0.1
+# Bandwidth-bound cases (a request of >= 16 MiB in one descriptor, or in adjacent prepped descriptors) are judged
+# against a raw copy between the same endpoints in the same run: the copy is what the hardware gives right now,
+# so a NIXL transfer far below it is NIXL/UCX's fault, not the link's. Without a copy, against the link limit.
+BW_BOUND_BYTES = 16 * MIB
+BW_FAIL_COPY, BW_WARN_COPY = 0.25, 0.6
+BW_FAIL_LINK, BW_WARN_LINK = 0.15, 0.4
+
+
+def bandwidth_bound(res: CaseResult) -> bool:
+    return res.bytes_per_xfer >= BW_BOUND_BYTES and (
+        res.descs == 1 or (res.layout == "contig" and res.mode == "prepped")
+    )
+
+
+def _bandwidth_verdict(res: CaseResult) -> tuple[str, str, str] | None:
+    if not bandwidth_bound(res) or res.gbps is None:
+        return None
+    remedy = (
+        "a plain copy between the same endpoints was much faster in the same run: check the UCX transport and "
+        "UCX_TLS (cuda_ipc/rc_mlx5, not tcp), NIXL's progress thread and num_threads, other load on the GPUs/NICs "
+        "(nvidia-smi, top), and re-run"
+    )
+    if res.eff_copy is not None:
+        if res.eff_copy < BW_FAIL_COPY:
+            return (
+                "fail",
+                f"{res.eff_copy:.0%} of a raw copy (< {BW_FAIL_COPY:.0%}) for a bandwidth-bound request",
+                remedy,
+            )
+        if res.eff_copy < BW_WARN_COPY:
+            return "warn", f"{res.eff_copy:.0%} of a raw copy (< {BW_WARN_COPY:.0%})", remedy
+        return None
+    if res.eff_link is not None:
+        if res.eff_link < BW_FAIL_LINK:
+            return "fail", f"{res.eff_link:.0%} of the link limit (< {BW_FAIL_LINK:.0%}), no copy reference", remedy
+        if res.eff_link < BW_WARN_LINK:
+            return "warn", f"{res.eff_link:.0%} of the link limit (< {BW_WARN_LINK:.0%}), no copy reference", remedy
+    return None
 
 
 def judge(res: CaseResult, gpu_host: bool, module_dir: str | None = None) -> tuple[str, str, str]:
@@ -112,6 +150,9 @@ def judge(res: CaseResult, gpu_host: bool, module_dir: str | None = None) -> tup
             "(GPUDirect); this is not PCIe bandwidth",
             "serve KV from GPU memory on both sides (kv_buffer_device=cuda) or from host memory on both sides",
         )
+    bandwidth = _bandwidth_verdict(res)
+    if bandwidth is not None:
+        return bandwidth
     if res.descs >= DESC_BOUND_MIN and res.eff_copy is not None and res.eff_copy < DESC_BOUND_EFF:
         per_desc = f"{res.desc_us:.1f} us per descriptor" if res.desc_us else "per-descriptor cost"
         return (

@@ -82,6 +82,7 @@ def test_recorded_h200x2_warns_only_about_what_the_recording_lacks() -> None:
         "driver.persistence_mode",
         "ucx.transports",
         "gpu.pci_count",  # the recording kept the GPUs' PCI class and link files, not their vendor files
+        "os.secure_boot",  # nor /sys/firmware: unknown, not "legacy boot"
     }
     assert results["gpu.fabric_manager"].verdict == C.PASS
     assert "managed outside" in results["gpu.fabric_manager"].evidence
@@ -108,6 +109,10 @@ def test_live_cpu_host_as_cpu_role_has_no_failures_and_gpu_checks_are_na(live_fa
         assert results[cid].verdict == C.NA, results[cid]
 
 
+LIVE_GPU = Path("/proc/driver/nvidia/version").exists()  # the suite also runs on GPU hosts
+
+
+@pytest.mark.skipif(LIVE_GPU, reason="this machine has an NVIDIA driver: the no-GPU failure cannot be seen live")
 def test_live_cpu_host_declared_gpu_fails_gpu_count_and_driver(live_facts: dict) -> None:
     results = {r.id: r for r in C.run_checks(live_facts, C.Expect(role="gpu", gpu_count=2))}
     assert results["gpu.count"].verdict == C.FAIL and "no NVIDIA GPU" in results["gpu.count"].evidence
@@ -270,3 +275,62 @@ def test_cli_facts_record_nvml_on_cpu_host(cli: typer.Typer, tmp_path: Path) -> 
     assert res.exit_code == 0, res.output
     assert json.loads(rec.read_text())["present"] is False
     assert json.loads((tmp_path / "facts.json").read_text())["mode"] == "live"
+
+
+def test_validate_root_missing_or_empty_is_an_error_not_a_pass(tmp_path):
+    runner = CliRunner()
+    app = typer.Typer()
+    app.command()(validate_cmd)
+    for root in (tmp_path / "nowhere", tmp_path):
+        res = runner.invoke(app, ["--root", str(root)])
+        assert res.exit_code == 2 and "--root" in res.output, res.output
+        assert "Traceback" not in res.output
+
+
+def test_nothing_recorded_is_never_a_pass(tmp_path):
+    """A tree holding only a hostname: every verdict is warn, fail or n/a, none is pass."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "hostname").write_text("empty\n")
+    results = C.run_checks(gather(str(tmp_path)), C.Expect.from_dict({"role": "gpu", "rdma": ["ens1np0"]}))
+    assert [r.id for r in results if r.verdict == C.PASS] == []
+
+
+def test_null_fabric_state_is_not_recorded_not_a_failure():
+    facts = gather(str(HOSTS / "hgx-h100-8gpu-8roce"))
+    for d in facts["gpus"]["devices"]:
+        d["fabric"] = {"state": None, "status": None}
+    r = {x.id: x for x in C.run_checks(facts, C.Expect.from_dict({"role": "gpu", "fabric": True}))}["gpu.fabric"]
+    assert r.verdict == C.WARN and "not recorded" in r.evidence
+
+
+@pytest.mark.parametrize(
+    ("expect", "key"),
+    [
+        ({"min_kernel": "abc"}, "min_kernel"),
+        ({"nvlinks_per_gpu": "18"}, "nvlinks_per_gpu"),
+        ({"gpu_count": -1}, "gpu_count"),
+        ({"gpu_count": True}, "gpu_count"),
+        ({"fabric": "yes"}, "fabric"),
+        ({"nvlink_version": "four"}, "nvlink_version"),
+        ({"pd_hosts": 0}, "pd_hosts"),
+        ({"ucx_tls_required": "cuda_ipc"}, "ucx_tls_required"),
+        ({"rdma": [{"netdev": "ens1", "mtu": "9000"}]}, "rdma mtu"),
+        ({"rdma": [{"netdev": "ens1", "address": "10.0.0.1"}]}, "rdma address"),
+    ],
+)
+def test_bad_expectations_name_the_key(expect, key):
+    with pytest.raises(ValueError, match=key):
+        C.Expect.from_dict(expect)
+
+
+def test_undeclared_roce_ports_are_judged_at_warn_level():
+    """RoCE NICs present but no rail declared: their GIDs and MTUs are still looked at (warn, never silent)."""
+    facts = gather(str(HOSTS / "bad-roce-v1-only"))
+    res = {r.id: r for r in C.run_checks(facts, C.Expect(role="gpu"))}
+    assert (
+        res["rdma.roce_v2_gid"].verdict == C.WARN and "without a RoCE v2 IPv4 GID" in res["rdma.roce_v2_gid"].evidence
+    )
+    good = {r.id: r for r in C.run_checks(gather(str(HOSTS / "hgx-h100-8gpu-8roce")), C.Expect(role="gpu"))}
+    assert good["rdma.roce_v2_gid"].verdict == C.PASS and good["rdma.mtu"].verdict == C.PASS
+    mtu = {r.id: r for r in C.run_checks(gather(str(HOSTS / "bad-mtu-mismatch")), C.Expect(role="gpu"))}["rdma.mtu"]
+    assert mtu.verdict == C.WARN and "differ in MTU" in mtu.evidence

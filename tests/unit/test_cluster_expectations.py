@@ -72,12 +72,14 @@ def test_one_rail_at_mtu_1500_fails_under_the_model_expectations(expect):
     assert "enp26s0np0" in out["rdma.mtu"].evidence
 
 
-def test_the_old_derived_expectations_could_not_see_it():
-    """What pd_runtime wrote before the model (no MTU, no counts) let the same host pass rdma.mtu: the bug the
-    model fixes, kept as a test so the difference stays visible."""
+def test_without_a_declared_mtu_the_rails_are_compared_with_each_other():
+    """What pd_runtime wrote before the model (no MTU, no counts) let this host pass rdma.mtu; now a rail whose
+    MTU differs from the others fails even when no MTU is declared."""
     rails = [{"netdev": f"enp{int(b, 16)}s0np0", "address": f"198.18.{i}.11/24"} for i, b in enumerate(NIC_BUSES)]
     old = checks.Expect.from_dict({"role": "gpu", "pd_hosts": 2, "rdma": rails})
-    assert _verdicts("bad-mtu-mismatch", old)["rdma.mtu"].verdict != checks.FAIL
+    r = _verdicts("bad-mtu-mismatch", old)["rdma.mtu"]
+    assert r.verdict == checks.FAIL and "rails differ in MTU" in r.evidence, r
+    assert _verdicts("hgx-h100-8gpu-8roce", old)["rdma.mtu"].verdict == checks.PASS
 
 
 def test_nvlink_down_and_missing_gpu_fail_under_the_profile(expect):

@@ -138,7 +138,23 @@ def test_verdicts():
     )
     assert bound.verdict == "warn" and "4.5 us per descriptor" in bound.reason
     slow = T.finish_result(_res(gbps=200.0), 392.0, 478.0, True)
-    assert slow.verdict == "warn" and "of the link limit" in slow.reason
+    assert slow.verdict == "warn" and "51% of a raw copy" in slow.reason
+
+
+def test_bandwidth_bound_requests_far_below_the_copy_fail():
+    """1 GiB over NVLink at 4 GB/s while a plain copy did 392 GB/s in the same run: a fail, with a remedy."""
+    crawl = T.finish_result(_res(gbps=4.0), 392.0, 478.0, True)
+    assert crawl.verdict == "fail" and "1% of a raw copy (< 25%)" in crawl.reason and crawl.remedy
+    kv = T.finish_result(_res(descs=9216, desc_bytes=65536, bytes_per_xfer=9216 * 65536, layout="contig", gbps=50.0,
+                              latency_s=0.012), 392.0, 478.0, True)  # fmt: skip
+    assert kv.verdict == "fail"  # adjacent prepped KV blocks are bandwidth-bound too
+    no_copy = T.finish_result(_res(gbps=40.0), None, 478.0, True)
+    assert no_copy.verdict == "fail" and "of the link limit" in no_copy.reason
+    small = T.finish_result(_res(bytes_per_xfer=65536, desc_bytes=65536, gbps=4.0), 392.0, 478.0, True)
+    assert small.verdict == "pass"  # 64 KiB is latency-bound: not judged on bandwidth
+    scattered = T.finish_result(_res(descs=36864, desc_bytes=16384, bytes_per_xfer=603979776, gbps=3.6,
+                                     latency_s=0.1668, layout="scatter"), 392.0, 478.0, True)  # fmt: skip
+    assert scattered.verdict == "warn"  # descriptor-bound: the layout's cost, reported not failed
 
 
 def test_recorded_h200_results():
@@ -319,3 +335,37 @@ def test_cli_json_real_run():
     data = json.loads(res.output[res.output.index("{") :])
     assert [r["case"] for r in data["results"]] == ["READ 1x64KiB", "READ kv:tiny 32tok B16 scatter prepped"]
     assert all(r["transport"] == "tcp" and r["checksum_ok"] for r in data["results"])
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--sizes", "banana"], "--sizes"),
+        (["--sizes", "0"], "--sizes"),
+        (["--block-size", "abc"], "--block-size"),
+        (["--block-size", "0"], "--block-size"),
+        (["--block-size", "48"], "--block-size"),
+        (["--gpus", "x"], "--gpus"),
+        (["--model-shape", "foo"], "--model-shape"),
+        (["--iters", "0"], "--iters"),
+        (["--tp", "0"], "--tp"),
+        (["--batches", "ax16KiB"], "--batches"),
+        (["--batches", "4096"], "--batches"),
+        (["--layouts", "diagonal"], "--layouts"),
+        (["--threads", "-1"], "--threads"),
+        (["--ucx-env", "UCX_TLS"], "--ucx-env"),
+        (["--mode", "COPY"], "--mode"),
+        (["--cap", "0"], "--cap"),
+    ],
+)
+def test_cli_rejects_bad_arguments_without_a_traceback(args, option):
+    import typer
+    from typer.testing import CliRunner
+
+    from pdinfra.cli.transfer import transfer_cmd
+
+    app = typer.Typer()
+    app.command()(transfer_cmd)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
+    assert option in res.output and "Traceback" not in res.output, res.output
