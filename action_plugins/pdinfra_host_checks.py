@@ -6,7 +6,8 @@ host's expectations from the cluster model (``pdinfra_node.expect``). One catalo
 pre-flight role: no check logic is re-written in Jinja.
 
 Options: ``checks`` (ids, required), ``expect`` (dict, required), ``warn_only`` (ids whose fail is reported as
-warn), ``fail_on`` (ids whose warn is reported as fail). Returns ``results`` (id, verdict, evidence, remedy) and
+warn), ``fail_on`` (ids whose warn is reported as fail), ``fail_on_fail`` (fail the task, naming each failed check,
+its evidence and remedy). Returns ``results`` (id, verdict, evidence, remedy) and
 ``facts`` (what pdinfra_facts gathered, for later tasks that register the result).
 """
 
@@ -52,6 +53,11 @@ class ActionModule(ActionBase):
             out.append({"check": r.id, "status": verdict, "detail": r.evidence, "remedy": r.remedy})
         result["changed"] = False
         result["results"] = out
+        failed = [r for r in out if r["status"] == checks.FAIL]
+        if failed and args.get("fail_on_fail"):
+            result["failed"] = True
+            result["msg"] = "; ".join(f"{r['check']}: {r['detail']} - {r['remedy']}" for r in failed)
+            return result
         result["facts"] = facts
         result["msg"] = "; ".join(f"{r['status'].upper()} {r['check']}" for r in out)
         return result

@@ -24,7 +24,7 @@ CLUSTER_GROUP = "pd_cluster"
 ROUTER_GROUP = "router"
 # Keys of a host's expectations (pdinfra.host.checks.Expect; a test keeps the two in step).
 EXPECT_KEYS = ("role", "gpu_count", "driver_version", "nvlink_version", "nvlinks_per_gpu", "fabric", "rdma",
-               "ucx_tls_required", "min_kernel", "pd_hosts")  # fmt: skip
+               "ucx_tls_required", "min_kernel", "pd_hosts", "roce_qos")  # fmt: skip
 # Variables Ansible itself sets or that connections use; never "unknown".
 _BOOL_TRUE = {"true", "yes", "on", "1", "y", "t"}
 _BOOL_FALSE = {"false", "no", "off", "0", "n", "f"}
@@ -664,13 +664,24 @@ def _expect(
     """The host expectations the validator judges: hardware profile, driver pin, rails, then pdinfra_expect."""
     expect: dict[str, Any] = dict(hw.expect)
     expect["role"] = "gpu" if gpu and hw.gpu else "cpu"
-    expect["pd_hosts"] = pd_hosts
+    expect["pd_hosts"] = max(1, pd_hosts)
     if expect["role"] == "gpu":
         version = _role_value(hv, "nvidia_driver_version")
         if version:
             expect["driver_version"] = str(version)
     if rails:
-        expect["rdma"] = [{"netdev": r.netdev, "address": r.address, "mtu": r.mtu} for r in rails]
+        expect["rdma"] = [
+            {"netdev": r.netdev, "address": r.address, "mtu": r.mtu} | ({"speed": r.speed_mbps} if r.speed_mbps else {})
+            for r in rails
+        ]
+        pfc = _role_value(hv, "rdma_roce_pfc_priority")
+        ecn = _role_value(hv, "rdma_roce_ecn")
+        expect["roce_qos"] = {
+            "pfc_priority": int(pfc) if str(pfc).isdigit() else 3,
+            "ecn": str(ecn).lower() in ("true", "yes", "1", "on"),
+            "dscp_trust": True,  # the rdma_roce role's QoS script sets trust dscp on every rail
+            "roce_mode": "RoCE v2",  # and rdma_cm's default mode to RoCE v2
+        }
     override = hv.get("pdinfra_expect")
     if override is not None:
         if not isinstance(override, dict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -71,6 +72,7 @@ class RdmaExpect:
     netdev: str
     address: str | None = None
     mtu: int | None = None
+    speed: int | None = None  # Mb/s, as /sys/class/net/<netdev>/speed reports it (400000 for 400G)
 
     @property
     def ip(self) -> str | None:
@@ -91,6 +93,7 @@ class Expect:
     ucx_tls_required: list[str] | None = None
     min_kernel: str = "5.12"
     pd_hosts: int = 1
+    roce_qos: dict[str, Any] | None = None  # {pfc_priority, ecn, dscp_trust, roce_mode} of the rails
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Expect:
@@ -119,6 +122,18 @@ class Expect:
             isinstance(data["min_kernel"], str) and parse_version_tuple(data["min_kernel"])
         ):
             raise ValueError(f"min_kernel must be a kernel version such as '5.12', not {data['min_kernel']!r}")
+        qos = data.get("roce_qos")
+        if qos is not None:
+            known_qos = {"pfc_priority", "ecn", "dscp_trust", "roce_mode"}
+            if not isinstance(qos, dict) or set(qos) - known_qos:
+                raise ValueError(f"roce_qos must be a mapping of {', '.join(sorted(known_qos))}, not {qos!r}")
+            if qos.get("pfc_priority") is not None:
+                integer("roce_qos pfc_priority", qos["pfc_priority"], 0)
+                if qos["pfc_priority"] > 7:
+                    raise ValueError(f"roce_qos pfc_priority must be 0..7, not {qos['pfc_priority']!r}")
+            for key in ("ecn", "dscp_trust"):
+                if qos.get(key) is not None and not isinstance(qos[key], bool):
+                    raise ValueError(f"roce_qos {key} must be true or false, not {qos[key]!r}")
         tls = data.get("ucx_tls_required")
         if tls is not None and (not isinstance(tls, list) or not all(isinstance(t, str) and t for t in tls)):
             raise ValueError(f"ucx_tls_required must be a list of transport names, not {tls!r}")
@@ -128,7 +143,7 @@ class Expect:
                 item = {"netdev": item}
             if not isinstance(item, dict) or "netdev" not in item:
                 raise ValueError(f"each rdma entry needs a 'netdev': {item!r}")
-            extra = set(item) - {"netdev", "address", "mtu"}
+            extra = set(item) - {"netdev", "address", "mtu", "speed"}
             if extra:
                 raise ValueError(f"unknown rdma key(s) {sorted(extra)} in {item!r}")
             address = item.get("address")
@@ -140,7 +155,8 @@ class Expect:
                 except ValueError:
                     raise ValueError(f"rdma address must be an address with prefix length, not {address!r}") from None
             mtu = integer("rdma mtu", item["mtu"], 576) if item.get("mtu") is not None else None
-            rdma.append(RdmaExpect(str(item["netdev"]), address, mtu))
+            speed = integer("rdma speed", item["speed"], 1) if item.get("speed") is not None else None
+            rdma.append(RdmaExpect(str(item["netdev"]), address, mtu, speed))
         if data.get("nvlink_version") is not None:
             try:
                 data["nvlink_version"] = normalise_nvlink_version(data["nvlink_version"])
@@ -410,6 +426,24 @@ def persistence_mode(facts: Facts, expect: Expect) -> Outcome:
             "Check `nvidia-smi -q | grep -i persistence` on the host.",
         )
     return ok(f"persistence mode on for all {len(devices)} GPUs")
+
+
+MIN_CUDA_DRIVER = 11070  # dma-buf GPUDirect RDMA needs the CUDA 11.7 driver API (seeds, NVIDIA's docs)
+
+
+@check("driver.cuda_version", "CUDA driver API >= 11.7 (dma-buf GPUDirect RDMA)", "driver")
+def cuda_version(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.gpu:
+        return na("CPU-role host")
+    version = _gpus(facts).get("cuda_driver_version")
+    if version is None:
+        return warn(
+            "CUDA driver version not recorded (NVML not available)", "Install nvidia-ml-py and re-gather facts."
+        )
+    text = f"{version // 1000}.{version % 1000 // 10}"
+    if version < MIN_CUDA_DRIVER:
+        return fail(f"CUDA driver API {text} < 11.7", "Install a driver branch that supports CUDA >= 11.7 (515+).")
+    return ok(f"CUDA driver API {text}")
 
 
 @check("driver.peermem", "Legacy nvidia_peermem state (informational)", "driver")
@@ -823,6 +857,144 @@ def rdma_mtu(facts: Facts, expect: Expect) -> Outcome:
     return ok("MTU " + _join(good, limit=8))
 
 
+def _rate_mbps(rate: str | None) -> int | None:
+    """'400 Gb/sec (4X NDR)' -> 400000."""
+    m = re.match(r"\s*(\d+(?:\.\d+)?)\s*Gb/sec", rate or "")
+    return int(float(m.group(1)) * 1000) if m else None
+
+
+def _netdev_speed(facts: Facts, netdev: str) -> tuple[int | None, str]:
+    nd = ((facts.get("netdevs") or {}).get("interfaces") or {}).get(netdev) or {}
+    if nd.get("speed_mbps"):
+        return int(nd["speed_mbps"]), "netdev"
+    for _, port in _ports_for(facts, netdev):
+        if _rate_mbps(port.get("rate")):
+            return _rate_mbps(port.get("rate")), "port rate"
+    return None, ""
+
+
+@check("rdma.speed", "Rails at the link speed the hardware profile expects", "rdma")
+def rdma_speed(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.rdma:
+        return na("no RDMA declared")
+    slow, unknown, seen = [], [], []
+    for want in expect.rdma:
+        speed, source = _netdev_speed(facts, want.netdev)
+        if speed is None:
+            unknown.append(want.netdev)
+            continue
+        seen.append(f"{want.netdev} {speed // 1000}G")
+        if want.speed is not None and speed < want.speed:
+            slow.append(f"{want.netdev}: {speed // 1000} Gb/s ({source}), expected {want.speed // 1000} Gb/s")
+    if slow:
+        return fail(
+            _join(slow),
+            "The link trained below its rated speed: check the cable/transceiver and the switch port "
+            "(`ethtool <netdev>`, `mlxlink -d <pci>`); the KV path's link limits assume the rated speed.",
+        )
+    if unknown:
+        return warn(
+            f"link speed not recorded for {', '.join(unknown)}", "Read /sys/class/net/<netdev>/speed on the host."
+        )
+    if all(w.speed is None for w in expect.rdma):
+        return warn(
+            "no rail speed declared: " + _join(seen, 8), "Set pdinfra_hardware (e.g. hgx-h100-8gpu: 400G rails)."
+        )
+    return ok(_join(seen, 8))
+
+
+@check("rdma.pcie", "RDMA NICs at their full PCIe width", "rdma")
+def rdma_pcie(facts: Facts, expect: Expect) -> Outcome:
+    devices = (facts.get("rdma") or {}).get("devices") or []
+    if expect.rdma:
+        wanted = {dev["name"] for w in expect.rdma for dev, _ in _ports_for(facts, w.netdev)}
+        devices = [d for d in devices if d["name"] in wanted]
+    if not devices:
+        return na("no RDMA device declared or present")
+    narrow, unknown, seen = [], [], set()
+    for d in devices:
+        link = d.get("pcie") or {}
+        if link.get("cur_width") is None or link.get("max_width") is None:
+            unknown.append(d["name"])
+            continue
+        seen.add(f"x{link['cur_width']} {link.get('cur_speed') or '?'}")
+        if link["cur_width"] < link["max_width"]:
+            narrow.append(f"{d['name']} {d.get('pci')}: x{link['cur_width']} < x{link['max_width']}")
+    if narrow:
+        return (fail if expect.rdma else warn)(
+            _join(narrow), "Reseat the NIC or its riser; a 400G NIC needs Gen5 x16 (or Gen4 x16 for 200G)."
+        )
+    if unknown:
+        return warn(f"PCIe link not recorded for {', '.join(unknown)}", "Read <device>/current_link_width in sysfs.")
+    return ok(f"{len(devices)} NIC(s): {', '.join(sorted(seen))}")
+
+
+@check("rdma.qos", "Lossless RoCE: DSCP trust, PFC and ECN on the RoCE priority, RoCE v2 mode", "rdma")
+def rdma_qos(facts: Facts, expect: Expect) -> Outcome:
+    if not expect.rdma or not expect.roce_qos:
+        return na("no RoCE QoS declared (rails with rdma_roce settings)")
+    want = expect.roce_qos
+    prio = want.get("pfc_priority")
+    qos_facts = facts.get("roce_qos") or {}
+    problems, unknown = [], []
+    for rail in expect.rdma:
+        q = qos_facts.get(rail.netdev) or {}
+        if want.get("dscp_trust"):
+            if "trust" not in q:
+                unknown.append(f"{rail.netdev} trust ({q.get('reason', 'not recorded')})")
+            elif q["trust"] != "dscp":
+                problems.append(f"{rail.netdev}: trust {q['trust']}, not dscp")
+        if prio is not None:
+            if "pfc_enabled" not in q:
+                unknown.append(f"{rail.netdev} PFC ({q.get('reason', 'not recorded')})")
+            elif q["pfc_enabled"] != [prio]:
+                problems.append(f"{rail.netdev}: PFC on priorities {q['pfc_enabled'] or 'none'}, want only {prio}")
+        if want.get("ecn") and prio is not None:
+            for side in ("roce_np", "roce_rp"):
+                if f"ecn_{side}" not in q:
+                    unknown.append(f"{rail.netdev} ECN {side}")
+                elif prio not in q[f"ecn_{side}"]:
+                    problems.append(f"{rail.netdev}: ECN {side} off on priority {prio}")
+        if want.get("roce_mode"):
+            modes = {p.get("roce_mode") for _, p in _ports_for(facts, rail.netdev)}
+            if not modes or modes == {None}:
+                unknown.append(f"{rail.netdev} rdma_cm RoCE mode")
+            elif modes - {want["roce_mode"]}:
+                problems.append(f"{rail.netdev}: rdma_cm default mode {', '.join(sorted(map(str, modes)))}")
+    if problems:
+        return fail(
+            _join(problems),
+            "Re-apply the rail QoS (`systemctl restart pdinfra-roce-qos`, written by the rdma_roce role): "
+            "`mlnx_qos -i <netdev> --trust dscp --pfc 0,0,0,1,0,0,0,0`, ECN via /sys/class/net/<netdev>/ecn, "
+            "`cma_roce_mode -d <dev> -p 1 -m 2`; without PFC/ECN RoCE drops packets under incast.",
+        )
+    if unknown:
+        return warn("not recorded: " + _join(unknown), "Record `mlnx_qos -i <netdev>` (MLNX tools) and the ecn sysfs.")
+    return ok(f"{len(expect.rdma)} rails: trust dscp, PFC on {prio}, ECN on {prio}, {want.get('roce_mode') or 'mode'}")
+
+
+@check("gpu.gpudirect_rdma", "CUDA reports GPUDirect RDMA support on every GPU", "gpu")
+def gpudirect_rdma(facts: Facts, expect: Expect) -> Outcome:
+    devices = _devices(facts)
+    if not expect.gpu or not devices:
+        return na("no GPUs to inspect")
+    if not expect.rdma:
+        return na("no RDMA declared: the KV path stays on NVLink/PCIe inside the host")
+    values = [(d.get("index"), (d.get("cuda") or {}).get("gpu_direct_rdma_supported")) for d in devices]
+    off = [str(i) for i, v in values if v == 0]
+    unknown = [str(i) for i, v in values if v is None]
+    if off:
+        return fail(
+            f"CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED=0 on GPU {', '.join(off)}",
+            "Use a data-center GPU with the open kernel module (dma-buf) or nvidia_peermem; NICs cannot read GPU "
+            "memory otherwise and UCX stages KV through host memory.",
+        )
+    if unknown:
+        return warn(f"GPUDirect RDMA attribute not recorded for GPU {', '.join(unknown)}",
+                    "Install cuda-bindings (cuda-python) on the host and re-gather facts.")  # fmt: skip
+    return ok(f"GPUDIRECT_RDMA_SUPPORTED=1 on all {len(devices)} GPUs")
+
+
 # --------------------------------------------------------------------------- ucx layer
 
 
@@ -859,6 +1031,94 @@ def ucx_transports(facts: Facts, expect: Expect) -> Outcome:
             "libcuda and libibverbs load, and do not pin UCX_TLS to tcp (keep tcp only for wire-up).",
         )
     return ok(f"has {', '.join(need)} (of {len(have)} transports)")
+
+
+# UCX_TLS aliases (UCX's docs, "UCX environment parameters"): an alias enables every transport it names.
+UCX_TLS_ALIASES = {
+    "all": {"*"},
+    "rc": {"rc_verbs", "rc_mlx5"}, "rc_v": {"rc_verbs"}, "rc_x": {"rc_mlx5"},
+    "ud": {"ud_verbs", "ud_mlx5"}, "ud_v": {"ud_verbs"}, "ud_x": {"ud_mlx5"},
+    "dc": {"dc_mlx5"}, "dc_x": {"dc_mlx5"},
+    "ib": {"rc_verbs", "rc_mlx5", "ud_verbs", "ud_mlx5", "dc_mlx5"},
+    "cuda": {"cuda_copy", "cuda_ipc", "gdr_copy"},
+    "sm": {"posix", "sysv", "cma", "knem", "xpmem"}, "shm": {"posix", "sysv", "cma", "knem", "xpmem"},
+}  # fmt: skip
+
+
+def ucx_tls_allows(tls: str, transport: str) -> bool:
+    """Whether a UCX_TLS value lets UCX use ``transport`` (aliases expanded; '^a,b' excludes a and b)."""
+    exclude = tls.startswith("^")
+    names = {n.strip() for n in tls.lstrip("^").split(",") if n.strip()}
+    expanded = set().union(*(UCX_TLS_ALIASES.get(n, {n}) for n in names)) if names else set()
+    listed = "*" in expanded or transport in expanded
+    return not listed if exclude else listed
+
+
+def _gpu_numa(facts: Facts) -> dict[int, int | None]:
+    out = {}
+    for d in _devices(facts):
+        sysfs = (d.get("pcie") or {}).get("sysfs") or {}
+        out[int(d.get("index", -1))] = sysfs.get("numa_node")
+    return out
+
+
+@check("ucx.env", "The UCX environment of the serving units matches the host (NICs, GID index, affinity)", "ucx")
+def ucx_env(facts: Facts, expect: Expect) -> Outcome:
+    files = (facts.get("ucx") or {}).get("env_files") or {}
+    if not files:
+        if expect.rdma:
+            return warn("no /etc/pdinfra/ucx*.env on an RDMA host", "Run the ucx role (playbooks/host.yml --tags ucx).")
+        return na("no UCX environment file (the ucx role did not run here)")
+    devices = {d["name"]: d for d in (facts.get("rdma") or {}).get("devices") or []}
+    interfaces = (facts.get("netdevs") or {}).get("interfaces") or {}
+    numa = _gpu_numa(facts)
+    problems, unknown, seen = [], [], []
+    for name, env in sorted(files.items()):
+        tls = env.get("UCX_TLS")
+        if tls:
+            missing = [n for n in required_transports(expect) if not any(ucx_tls_allows(tls, a) for a in n.split("|"))]
+            if missing:
+                problems.append(f"{name}: UCX_TLS={tls} lacks {', '.join(missing)} (KV would go over tcp)")
+        nets = [x for x in (env.get("UCX_NET_DEVICES") or "").split(",") if x]
+        gid_index = env.get("UCX_IB_GID_INDEX")
+        for net in nets:
+            dev_name, _, port_s = net.partition(":")
+            if not port_s:
+                if net not in interfaces:
+                    problems.append(f"{name}: UCX_NET_DEVICES names {net}, not a netdev of this host")
+                continue
+            dev = devices.get(dev_name)
+            port = next((p for p in (dev or {}).get("ports") or [] if str(p.get("port")) == port_s), None)
+            if dev is None or port is None:
+                problems.append(f"{name}: UCX_NET_DEVICES names {net}, not an RDMA port of this host")
+                continue
+            if port.get("state") != "ACTIVE":
+                problems.append(f"{name}: {net} is {port.get('state')}")
+            if gid_index is not None and gid_index.isdigit():
+                gid = next((g for g in port.get("gids") or [] if g.get("index") == int(gid_index)), None)
+                if gid is None or gid.get("type") != "RoCE v2" or not gid.get("ipv4"):
+                    kind = f"{gid.get('type')} {gid.get('ipv4') or 'no IPv4'}" if gid else "absent"
+                    problems.append(f"{name}: UCX_IB_GID_INDEX={gid_index} on {net} is {kind}, not a RoCE v2 IPv4 GID")
+        m = re.fullmatch(r"ucx-gpu(\d+)\.env", name)
+        if m and nets:
+            gpu_numa = numa.get(int(m.group(1)))
+            nic_numa = {(devices.get(n.partition(":")[0]) or {}).get("numa_node") for n in nets}
+            if gpu_numa is None or None in nic_numa:
+                unknown.append(f"{name}: NUMA node of GPU {m.group(1)} or its NIC")
+            elif nic_numa != {gpu_numa}:
+                problems.append(
+                    f"{name}: GPU {m.group(1)} on NUMA {gpu_numa} but NIC {','.join(nets)} on {sorted(nic_numa)}"
+                )
+        seen.append(f"{name}: {','.join(nets) or 'no NET_DEVICES'}")
+    if problems:
+        return fail(
+            _join(problems),
+            "Re-run the ucx role (it picks each GPU's closest NIC from sysfs and the RoCE v2 GID index from the "
+            "rdma_roce role); check `ibv_devinfo -v` and `show_gids` for the index of the rail address.",
+        )
+    if unknown:
+        return warn("cannot verify: " + _join(unknown), "Record the GPUs' and NICs' numa_node from sysfs.")
+    return ok(_join(seen, 4))
 
 
 # --------------------------------------------------------------------------- serving layer

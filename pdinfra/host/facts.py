@@ -560,6 +560,15 @@ def pci_nvidia(host: Host) -> dict[str, Any]:
     return out
 
 
+def _all_qos(host: Host, rdma_facts: dict[str, Any]) -> dict[str, Any]:
+    """roce_qos() of every netdev of an RDMA device (by device/net or by the GIDs' ndev)."""
+    names = set()
+    for d in rdma_facts.get("devices") or []:
+        names |= set(d.get("netdevs") or [])
+        names |= {g["ndev"] for p in d.get("ports") or [] for g in p.get("gids") or [] if g.get("ndev")}
+    return {n: roce_qos(host, n) for n in sorted(names)}
+
+
 def fabric_manager(host: Host) -> dict[str, Any]:
     for binary in FABRIC_MANAGER_BINARIES:
         found, out = host.run([binary, "--version"])
@@ -661,16 +670,72 @@ def rdma(host: Host) -> dict[str, Any]:
         ports = [_rdma_port(host, base, p) for p in host.listdir(f"{base}/ports") or []]
         for p in ports:
             p.update(mtus.get((name, p["port"]), {}))
+        for p in ports:
+            p["roce_mode"] = host.line(f"sys/kernel/config/rdma_cm/{name}/ports/{p['port']}/default_roce_mode")
         devices.append(
             {
                 "name": name,
                 "pci": pci,
                 "driver": uevent.get("DRIVER"),
                 "netdevs": host.listdir(f"{base}/device/net") or [],
+                "numa_node": _int(host.line(f"{base}/device/numa_node")),
+                "pcie": _pcie_link(host, f"{base}/device"),
                 "ports": ports,
             }
         )
     return {"present": True, "devices": devices, "mtu_source": "ibv_devinfo" if found else None}
+
+
+def _pcie_link(host: Host, base: str) -> dict[str, Any] | None:
+    """A PCI function's link from sysfs (current/max width and speed), or None when not recorded."""
+    cur = _int(host.line(f"{base}/current_link_width"))
+    mx = _int(host.line(f"{base}/max_link_width"))
+    if cur is None and mx is None:
+        return None
+    return {
+        "cur_width": cur,
+        "max_width": mx,
+        "cur_speed": host.line(f"{base}/current_link_speed"),
+        "max_speed": host.line(f"{base}/max_link_speed"),
+    }
+
+
+def parse_mlnx_qos(text: str) -> dict[str, Any]:
+    """``mlnx_qos -i IF``: trust state and the PFC-enabled priorities."""
+    out: dict[str, Any] = {}
+    m = re.search(r"Priority trust state:\s*(\w+)", text)
+    if m:
+        out["trust"] = m.group(1).lower()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith("PFC configuration"):
+            prio = next((ln for ln in lines[i + 1 : i + 4] if ln.strip().startswith("priority")), "")
+            enabled = next((ln for ln in lines[i + 1 : i + 4] if ln.strip().startswith("enabled")), "")
+            prios, flags = prio.split()[1:], enabled.split()[1:]
+            if prios and len(prios) == len(flags):
+                out["pfc_enabled"] = sorted(int(p) for p, f in zip(prios, flags, strict=True) if f == "1")
+    return out
+
+
+def roce_qos(host: Host, netdev: str) -> dict[str, Any]:
+    """DSCP trust and PFC (``mlnx_qos -i``, recorded as pdinfra-cmd/mlnx_qos_-i_<netdev>.txt) and ECN per
+    priority (sysfs ``/sys/class/net/<netdev>/ecn/roce_np|roce_rp/enable/<prio>``) of one RoCE netdev."""
+    out: dict[str, Any] = {"netdev": netdev}
+    found, text = host.run(["mlnx_qos", "-i", netdev])
+    if found:
+        out.update(parse_mlnx_qos(text))
+        out["source"] = "mlnx_qos"
+    else:
+        out["reason"] = "mlnx_qos not " + ("on PATH" if host.live else "recorded")
+    for side in ("roce_np", "roce_rp"):
+        prios = host.listdir(f"sys/class/net/{netdev}/ecn/{side}/enable")
+        if prios is not None:
+            out[f"ecn_{side}"] = sorted(
+                int(p)
+                for p in prios
+                if p.isdigit() and host.line(f"sys/class/net/{netdev}/ecn/{side}/enable/{p}") == "1"
+            )
+    return out
 
 
 def _netdevs_pyroute2() -> dict[str, Any] | None:
@@ -698,6 +763,14 @@ def _netdevs_pyroute2() -> dict[str, Any] | None:
     return {"source": "pyroute2", "interfaces": interfaces}
 
 
+def _add_speeds(host: Host, data: dict[str, Any]) -> dict[str, Any]:
+    """Link speed in Mb/s from sysfs (netlink does not carry it); None when down or not reported."""
+    for name, info in data["interfaces"].items():
+        speed = _int(host.line(f"sys/class/net/{name}/speed"))
+        info["speed_mbps"] = speed if speed is not None and speed > 0 else None
+    return data
+
+
 def netdevs(host: Host) -> dict[str, Any]:
     if host.live:
         try:
@@ -708,7 +781,7 @@ def netdevs(host: Host) -> dict[str, Any]:
         else:
             fallback_reason = "pyroute2 not installed"
         if data is not None:
-            return data
+            return _add_speeds(host, data)
     else:
         fallback_reason = "replay"
     interfaces = {}
@@ -719,7 +792,7 @@ def netdevs(host: Host) -> dict[str, Any]:
             "operstate": host.line(f"{base}/operstate"),
             "address": host.line(f"{base}/address"),
         }
-    return {"source": "sysfs", "reason": fallback_reason, "interfaces": interfaces}
+    return _add_speeds(host, {"source": "sysfs", "reason": fallback_reason, "interfaces": interfaces})
 
 
 def parse_ucx_info(text: str) -> dict[str, list[str]]:
@@ -738,19 +811,40 @@ def parse_ucx_info(text: str) -> dict[str, list[str]]:
     return transports
 
 
+def parse_env_file(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip().strip('"')
+    return out
+
+
+def ucx_env_files(host: Host) -> dict[str, dict[str, str]]:
+    """The UCX environment the serving units run with (the ucx role's /etc/pdinfra/ucx*.env), by file name."""
+    out = {}
+    for name in sorted(host.listdir("etc/pdinfra") or []):
+        if name.startswith("ucx") and name.endswith(".env"):
+            out[name] = parse_env_file(host.read(f"etc/pdinfra/{name}") or "")
+    return out
+
+
 def ucx(host: Host) -> dict[str, Any]:
+    env_files = ucx_env_files(host)
     found, out = host.run(["ucx_info", "-d"])
     if not found:
         where = "on PATH" if host.live else f"recorded ({CMD_DIR}/{command_file_name(['ucx_info', '-d'])})"
-        return {"available": False, "reason": f"ucx_info not {where}", "transports": {}}
+        return {"available": False, "reason": f"ucx_info not {where}", "transports": {}, "env_files": env_files}
     transports = parse_ucx_info(out)
     if not transports:
         return {
             "available": False,
             "reason": f"no 'Transport:' lines in ucx_info -d: {out[:200]}",
             "transports": {},
+            "env_files": env_files,
         }
-    return {"available": True, "transports": transports}
+    return {"available": True, "transports": transports, "env_files": env_files}
 
 
 # --------------------------------------------------------------------------- serving instances, expectations
@@ -839,6 +933,7 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
         gpus = section("gpus", lambda: gpus_replay(host), {"present": False, "reason": "bad NVML record"})
     section("gpus.sysfs", lambda: add_sysfs_pcie(host, gpus), None)
 
+    rdma_facts = section("rdma", lambda: rdma(host), {"present": False, "devices": []})
     name_file = None if host.live else host.line("etc/hostname")
     hostname = socket.gethostname() if host.live else name_file or os.path.basename(host.root)
     return {
@@ -856,7 +951,8 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
         "gpus": gpus,
         "pci": section("pci", lambda: pci_nvidia(host), {"available": False, "reason": "sysfs PCI scan crashed"}),
         "fabric_manager": section("fabric_manager", lambda: fabric_manager(host), {"installed": False}),
-        "rdma": section("rdma", lambda: rdma(host), {"present": False, "devices": []}),
+        "rdma": rdma_facts,
+        "roce_qos": section("roce_qos", lambda: _all_qos(host, rdma_facts), {}),
         "netdevs": section("netdevs", lambda: netdevs(host), {"interfaces": {}}),
         "ucx": section("ucx", lambda: ucx(host), {"available": False, "transports": {}}),
         "instances": section("instances", lambda: instances(host), []),

@@ -27,8 +27,9 @@ EXPECT = {
     # what pdinfra.cluster.resolve gives this host with pdinfra_hardware: hgx-h100-8gpu (test_cluster_expectations)
     "role": "gpu", "gpu_count": 8, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
     "driver_version": "550.54.15", "pd_hosts": 2,
-    "rdma": [{"netdev": f"enp{int(b, 16)}s0np0", "address": f"198.18.{i}.11/24", "mtu": 9000}
+    "rdma": [{"netdev": f"enp{int(b, 16)}s0np0", "address": f"198.18.{i}.11/24", "mtu": 9000, "speed": 400000}
              for i, b in enumerate(NIC_BUSES)],
+    "roce_qos": {"pfc_priority": 3, "ecn": True, "dscp_trust": True, "roce_mode": "RoCE v2"},
 }  # fmt: skip
 
 Mutator = Callable[[dict[str, Any]], Any]
@@ -51,6 +52,7 @@ FAIL_CASES: list[tuple[str, str, Mutator, dict[str, Any]]] = [
     ("driver not loaded", "driver.open_module", lambda f: f["nvidia_driver"].update(loaded=False), {}),
     ("module and library differ", "driver.version", lambda f: f["nvidia_driver"].update(version="550.90.07"), {}),
     ("driver off the pin", "driver.version", lambda f: None, {"driver_version": "580.159.04"}),
+    ("CUDA 11.4 driver", "driver.cuda_version", lambda f: f["gpus"].update(cuda_driver_version=11040), {}),
     ("nouveau loaded", "driver.nouveau_absent", lambda f: f["modules"]["loaded"].update(nouveau=True), {}),
     ("persistence off", "driver.persistence_mode", _dev(3, persistence_mode=False), {}),
     ("7 GPUs in NVML", "gpu.count", lambda f: f["gpus"].update(count=7), {}),
@@ -77,6 +79,21 @@ FAIL_CASES: list[tuple[str, str, Mutator, dict[str, Any]]] = [
     ("rail MTU 1500", "rdma.mtu", lambda f: f["netdevs"]["interfaces"]["enp26s0np0"].update(mtu=1500), {}),
     ("rail netdev missing", "rdma.mtu", lambda f: f["netdevs"]["interfaces"].pop("enp26s0np0"), {}),
     ("RoCE active MTU 1024", "rdma.mtu", _port0(active_mtu=1024), {}),
+    ("rail at 200G", "rdma.speed", lambda f: f["netdevs"]["interfaces"]["enp43s0np0"].update(speed_mbps=200000), {}),
+    ("NIC at x8", "rdma.pcie", lambda f: f["rdma"]["devices"][2]["pcie"].update(cur_width=8), {}),
+    ("trust pcp", "rdma.qos", lambda f: f["roce_qos"]["enp26s0np0"].update(trust="pcp"), {}),
+    ("PFC off", "rdma.qos", lambda f: f["roce_qos"]["enp26s0np0"].update(pfc_enabled=[]), {}),
+    ("ECN off", "rdma.qos", lambda f: f["roce_qos"]["enp26s0np0"].update(ecn_roce_rp=[]), {}),
+    ("RoCE v1 mode", "rdma.qos", _port0(roce_mode="IB/RoCE v1"), {}),
+    ("no GPUDirect RDMA", "gpu.gpudirect_rdma", _dev(2, cuda={"dma_buf_supported": 1, "gpu_direct_rdma_supported": 0}),
+     {}),
+    ("UCX_TLS pinned to tcp", "ucx.env", lambda f: f["ucx"]["env_files"]["ucx.env"].update(UCX_TLS="tcp,self"), {}),
+    ("UCX NIC missing", "ucx.env", lambda f: f["ucx"]["env_files"]["ucx.env"].update(UCX_NET_DEVICES="mlx5_9:1"), {}),
+    ("UCX GID index at RoCE v1", "ucx.env",
+     lambda f: f["ucx"]["env_files"]["ucx-gpu0.env"].update(UCX_IB_GID_INDEX="0"), {}),
+    ("UCX NIC on the other NUMA node", "ucx.env",
+     lambda f: f["ucx"]["env_files"]["ucx-gpu6.env"].update(UCX_NET_DEVICES="mlx5_0:1"), {}),
+    ("UCX NIC port down", "ucx.env", _port0(state="DOWN"), {}),
     ("UCX without cuda_ipc", "ucx.transports", lambda f: f["ucx"]["transports"].pop("cuda_ipc"), {}),
     ("UCX without verbs", "ucx.transports",
      lambda f: [f["ucx"]["transports"].pop(t, None) for t in ("rc_mlx5", "rc_verbs")], {}),

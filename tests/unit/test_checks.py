@@ -25,9 +25,12 @@ EXPECTED_FAILS = {
     "bad-proprietary-driver": {"driver.open_module", "gpu.dmabuf"},
     "bad-old-kernel": {"os.kernel_version", "gpu.dmabuf"},
     "bad-nvlink-down": {"gpu.nvlink"},
-    "bad-roce-v1-only": {"rdma.roce_v2_gid"},
+    "bad-roce-v1-only": {"rdma.roce_v2_gid", "ucx.env"},  # UCX_IB_GID_INDEX points at the v2 GID that is gone
     "bad-mtu-mismatch": {"rdma.mtu"},
     "bad-tcp-fallback": {"ucx.transports"},
+    "bad-roce-qos": {"rdma.qos"},
+    "bad-nic-link": {"rdma.speed", "rdma.pcie"},
+    "bad-ucx-env": {"ucx.env"},
 }
 
 
@@ -83,6 +86,7 @@ def test_recorded_h200x2_warns_only_about_what_the_recording_lacks() -> None:
         "ucx.transports",
         "gpu.pci_count",  # the recording kept the GPUs' PCI class and link files, not their vendor files
         "os.secure_boot",  # nor /sys/firmware: unknown, not "legacy boot"
+        "driver.cuda_version",  # nor the CUDA driver version
     }
     assert results["gpu.fabric_manager"].verdict == C.PASS
     assert "managed outside" in results["gpu.fabric_manager"].evidence
@@ -129,7 +133,8 @@ def test_expect_from_dict_validates_and_normalises() -> None:
     with pytest.raises(ValueError, match="role"):
         C.Expect.from_dict({"role": "tpu"})
     with pytest.raises(ValueError, match="unknown rdma"):
-        C.Expect.from_dict({"rdma": [{"netdev": "eth1", "speed": 400}]})
+        C.Expect.from_dict({"rdma": [{"netdev": "eth1", "sped": 400000}]})
+    assert C.Expect.from_dict({"rdma": [{"netdev": "eth1", "speed": 400000}]}).rdma[0].speed == 400000
 
 
 @pytest.mark.parametrize(("netdev", "roce"), [(9000, 4096), (4200, 4096), (4000, 2048), (1500, 1024), (1100, 512)])

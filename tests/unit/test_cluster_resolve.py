@@ -130,7 +130,9 @@ def test_gpu_cluster_expectations_come_from_the_hardware_profile_and_rails():
     e = c.host("gpu1").expect
     assert e["gpu_count"] == 8 and e["nvlinks_per_gpu"] == 18 and e["nvlink_version"] == "4.0" and e["fabric"] is True
     assert e["driver_version"] == "580.159.04" and e["role"] == "gpu" and e["pd_hosts"] == 2
-    assert e["rdma"][0] == {"netdev": "ens1np0", "address": "198.18.1.11/24", "mtu": 9000} and len(e["rdma"]) == 8
+    assert e["rdma"][0] == {"netdev": "ens1np0", "address": "198.18.1.11/24", "mtu": 9000, "speed": 400000}
+    assert len(e["rdma"]) == 8 and e["roce_qos"] == {"pfc_priority": 3, "ecn": True, "dscp_trust": True,
+                                                     "roce_mode": "RoCE v2"}  # fmt: skip
     assert c.host("gpu1").rails[0].speed_mbps == 400_000
     assert c.tp == 4 and c.kv_dtype == "bfloat16"  # gpt-oss-120b's own dtype under dtype auto
 

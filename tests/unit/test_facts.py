@@ -128,7 +128,9 @@ def test_synthesised_hgx_rdma_ports_gids_and_mtus(synthesised: dict) -> None:
     ]
     nets = synthesised["netdevs"]
     assert nets["source"] == "sysfs"
-    assert nets["interfaces"]["enp26s0np0"] == {"mtu": 9000, "operstate": "up", "address": "b8:3f:d2:c4:a0:10"}
+    assert nets["interfaces"]["enp26s0np0"] == {
+        "mtu": 9000, "operstate": "up", "address": "b8:3f:d2:c4:a0:10", "speed_mbps": 400000,
+    }  # fmt: skip
 
 
 def test_synthesised_hgx_ucx_and_instances(synthesised: dict) -> None:
