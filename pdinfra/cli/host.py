@@ -141,6 +141,19 @@ def validate_cmd(
     transfer_output: Annotated[
         Path | None, typer.Option(help="With --transfer: write the full transfer report (JSON) here.")
     ] = None,
+    peer: Annotated[
+        str | None,
+        typer.Option(
+            "--peer",
+            help="With --transfer: also measure NIXL between this node and a target process on PEER (an SSH "
+            "destination such as root@198.18.0.12), over whatever UCX picks between the nodes, against the NIC's "
+            "link limit.",
+        ),
+    ] = None,
+    peer_command: Annotated[
+        str | None,
+        typer.Option(help="With --peer: the command that starts the target there ({peer} is replaced)."),
+    ] = None,
     cluster_file: Annotated[
         Path,
         typer.Option(
@@ -163,6 +176,8 @@ def validate_cmd(
         results += checks.run_checks(facts, _expect_for(facts, expect, len(all_facts)))
     if len(all_facts) > 1:
         results += checks.run_fleet_checks(all_facts)
+    if peer and not transfer:
+        raise typer.BadParameter("--peer measures a transfer: use it with --transfer", param_hint="--peer")
     if transfer:
         if facts_file or (root and root != "/"):
             raise typer.BadParameter("--transfer measures this machine: use it without --facts/--root")
@@ -189,6 +204,15 @@ def validate_cmd(
                 ],
                 {},
             )
+        if peer:
+            cluster, node = _node_cluster(cluster_file)
+            peer_measured, peer_report = transfer_checks.run_peer(
+                all_facts[0], peer, peer_command or transfer_checks.DEFAULT_PEER_COMMAND,
+                progress=lambda m: err.print(f"[cyan]»[/] {m}"), cluster=cluster, node=node,
+            )  # fmt: skip
+            measured += peer_measured
+            if report:
+                report["peer_session"] = peer_report
         results += measured
         if transfer_output and report:
             transfer_output.write_text(json.dumps(report, indent=1) + "\n")

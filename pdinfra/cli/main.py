@@ -261,6 +261,14 @@ def wheelhouse(
     typer.echo(json.dumps(info) if json_out else "\n".join(f"{k}: {v}" for k, v in info.items()))
 
 
+@app.command("transfer-target", hidden=True)
+def transfer_target() -> None:
+    """The target side of `pdinfra validate --transfer --peer` (started on the peer over SSH; speaks on stdin/out)."""
+    from pdinfra.transfer.remote import serve
+
+    serve()
+
+
 @model_app.command("tiny")
 def model_tiny(
     print_path: Annotated[bool, typer.Option("--print-path", help="Print only the directory.")] = False,

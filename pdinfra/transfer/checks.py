@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdinfra import transfer as T
+from pdinfra.cluster import kvshape
 from pdinfra.cluster.model import Cluster
 from pdinfra.host import linklimits
 from pdinfra.host.checks import CheckResult
@@ -113,3 +114,64 @@ def run(
     report = T.run_benchmark(compact_config(facts, iters, plan), progress=progress)
     report["kv_plan"] = plan.__dict__
     return to_checks(report, str(facts.get("hostname") or facts.get("host") or "")), report
+
+
+DEFAULT_PEER_COMMAND = (
+    "ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "
+    "{peer} pdinfra transfer-target"
+)
+
+
+def peer_link_gbps(facts: dict[str, Any]) -> float | None:
+    """GB/s of the fastest non-loopback netdev with an address (sysfs speed): the node-to-node link limit."""
+    speeds = [
+        nd.get("speed_mbps")
+        for name, nd in ((facts.get("netdevs") or {}).get("interfaces") or {}).items()
+        if name != "lo" and nd.get("speed_mbps") and (nd.get("addresses") or nd.get("operstate") == "up")
+    ]
+    return max(speeds) / 8000 if speeds else None
+
+
+def run_peer(
+    facts: dict[str, Any],
+    peer: str,
+    command: str = DEFAULT_PEER_COMMAND,
+    iters: int = 5,
+    progress=None,
+    cluster: Cluster | None = None,
+    node: str | None = None,
+    link_gbps: float | None = None,
+) -> tuple[list[CheckResult], dict[str, Any]]:
+    """NIXL READ/WRITE between this node (initiator, decode-like) and a target on ``peer`` (prefill-like):
+    DRAM<->DRAM on CPU hosts, GPU 0 <-> GPU 0 on GPU hosts; judged against the NIC's link limit."""
+    import shlex
+    import time
+
+    gpu = bool((facts.get("gpus") or {}).get("present")) and bool((facts.get("gpus") or {}).get("count"))
+    plan = kv_plan(gpu, cluster, node)
+    shape = kvshape.for_dtype(kvshape.get_shape(plan.model_shape), plan.kv_dtype)
+    cases = T.plan_cases(("READ", "WRITE"), (64 * KIB, 16 * MIB), ((256, 64 * KIB),), ("contig",), shape,
+                         8192 if gpu else 1024, (plan.block_size,), plan.tp)  # fmt: skip
+    ep = T.Endpoint("VRAM", 0) if gpu else T.Endpoint("DRAM")
+    argv = shlex.split(command.format(peer=peer))
+    spec = T.SessionSpec(f"{ep.label}->{peer}:{ep.label}", ep, ep, cases, iters=iters, warmup=1, case_cap_s=10.0,
+                         peer=tuple(argv), peer_name=peer)  # fmt: skip
+    link = link_gbps or peer_link_gbps(facts)
+    if progress:
+        progress(f"peer session with {peer} ({' '.join(argv[:1])} ... transfer-target): {len(cases)} cases, "
+                 f"link limit {f'{link:.1f} GB/s' if link else 'unknown'}")  # fmt: skip
+    t0 = time.monotonic()
+    rep, results = T.run_session(spec, gpu, {"node-node": link} if link else None)
+    report = {
+        "pdinfra_transfer": 1,
+        "peer": peer,
+        "command": argv,
+        "session": rep.__dict__,
+        "results": [r.__dict__ for r in results],
+        "kv_plan": plan.__dict__,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    host = str(facts.get("hostname") or "")
+    if rep.error and not results:
+        return [CheckResult("transfer.node-node", f"NIXL to {peer}", "fail", rep.error, "", "transfer", host)], report
+    return to_checks(report, host), report

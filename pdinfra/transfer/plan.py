@@ -83,6 +83,9 @@ class SessionSpec:
     case_cap_s: float = 10.0
     target_poll_s: float = 50e-6
     prog_thread: bool = False
+    # The target on another node: the command that starts `pdinfra transfer-target` there (SSH), or () locally.
+    peer: tuple[str, ...] = ()
+    peer_name: str = ""
 
     @property
     def span(self) -> int:
@@ -90,6 +93,8 @@ class SessionSpec:
 
     @property
     def pair(self) -> str:
+        if self.peer:
+            return "node-node"
         mems = {self.initiator.mem, self.target.mem}
         if mems == {"VRAM"}:
             return "gpu-gpu"

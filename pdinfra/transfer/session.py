@@ -168,10 +168,18 @@ def run_session(
             kv=case.kv,
         )
 
-    t_parent, t_child = ctx.Pipe()
-    i_parent, i_child = ctx.Pipe()
     span = spec.span
-    tproc = ctx.Process(target=_target_main, args=(t_child, str(tgt_log), env, spec.target, span, cfg))
+    if spec.peer:  # the target runs on another node; no local copy stands for the network path
+        from pdinfra.transfer.remote import RemoteTarget
+
+        cfg["copy"] = False
+        tproc = RemoteTarget(list(spec.peer), str(tgt_log))
+        t_parent = tproc.conn
+        t_parent.send(("start", env, spec.target, span, cfg))
+    else:
+        t_parent, t_child = ctx.Pipe()
+        tproc = ctx.Process(target=_target_main, args=(t_child, str(tgt_log), env, spec.target, span, cfg))
+    i_parent, i_child = ctx.Pipe()
     iproc = ctx.Process(target=_initiator_main, args=(i_child, str(ini_log), env, spec.initiator, span, cfg))
     pending = list(spec.cases)
     try:

@@ -311,7 +311,10 @@ def _initiator_main(conn, log_path: str, env: dict[str, str], ep: Endpoint, span
         remote = agent.add_remote_agent(tmeta)
         remote = remote.decode() if isinstance(remote, bytes) else remote
         try:
-            copy_ref = _copy_reference(ep, tgt_ep, cfg["copy_bytes"])
+            if cfg.get("copy", True):
+                copy_ref = _copy_reference(ep, tgt_ep, cfg["copy_bytes"])
+            else:
+                copy_ref = {"kind": "none: the target is on another node (judged against the NIC's link limit)"}
         except Exception as exc:  # the copy reference is informative; the benchmark still runs
             copy_ref = {"kind": f"copy reference failed: {exc}"}
         conn.send(("ready", copy_ref))

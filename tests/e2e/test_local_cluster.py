@@ -23,6 +23,7 @@ import pytest
 
 from pdinfra import paths, testhosts
 from pdinfra.cluster.inventory import load
+from pdinfra.playbook import ansible_env
 
 REPO = paths.REPO
 INV = REPO / "inventory" / "local" / "hosts.yml"
@@ -37,11 +38,11 @@ pytestmark = [
 ]  # fmt: skip
 
 
-def run(args: list[str], log: str, timeout: float = 1800, check: bool = False, **kw) -> subprocess.CompletedProcess:
+def run(args: list[str], log: str, timeout: float = 1800, check: bool = False, env_extra: dict | None = None,
+        **kw) -> subprocess.CompletedProcess:  # fmt: skip
     """Run a command, keep its whole output in out/e2e/<log>.log, echo its tail on failure."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", NO_COLOR="1",
-               PATH=f"{BIN}:{os.environ.get('PATH', '')}", COLUMNS="200")  # fmt: skip
+    env = ansible_env(ANSIBLE_NOCOLOR="1", NO_COLOR="1", COLUMNS="200", **(env_extra or {}))
     res = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **kw)
     (LOG_DIR / f"{log}.log").write_text(f"$ {' '.join(args)}\n{res.stdout}\n--- stderr ---\n{res.stderr}")
     if check and res.returncode != 0:
@@ -193,6 +194,29 @@ def test_validate_transfer_runs_nixl_between_two_processes_on_a_node(cluster):
     assert "KV cases from cluster.json (node1): tiny, block size 32, TP 1, KV dtype bfloat16" in res.stderr, res.stderr[
         -2000:
     ]
+
+
+def test_validate_transfer_between_the_two_nodes(cluster):
+    """--peer: the initiator on node1, the target started on node2 over SSH (the test's key, forwarded by an
+    ssh-agent), NIXL over UCX between the nodes' network namespaces. No RDMA NIC here: UCX uses tcp, judged
+    against the veth's 10 Gb/s; the same code path carries rc_mlx5 between HGX nodes."""
+    agent = subprocess.run(["ssh-agent", "-s"], capture_output=True, text=True, check=True).stdout
+    agent_env = dict(re.findall(r"(SSH_AUTH_SOCK|SSH_AGENT_PID)=([^;]+);", agent))
+    env = dict(os.environ, **agent_env)
+    try:
+        subprocess.run(["ssh-add", str(testhosts.ssh_key())], env=env, capture_output=True, check=True)
+        node1 = cluster["hosts"][0]
+        ssh = testhosts.ssh_command(node1, testhosts.ssh_key())
+        cmd = [ssh[0], "-A", *ssh[1:], "pdinfra validate --transfer --peer root@198.18.0.12 --json "
+               "--transfer-output /tmp/peer-transfer.json"]  # fmt: skip
+        res = run(cmd, log="64-validate-transfer-peer", timeout=600, env_extra=agent_env)
+    finally:
+        subprocess.run(["ssh-agent", "-k"], env=env, capture_output=True)
+    checks = json.loads(res.stdout)
+    peer = [c for c in checks if c["id"].startswith("transfer.node-node")]
+    assert len(peer) == 10, (peer, res.stderr[-3000:])
+    assert all("over tcp" in c["evidence"] and "GB/s" in c["evidence"] for c in peer), peer
+    assert not [c for c in checks if c["verdict"] == "fail"], [c for c in checks if c["verdict"] == "fail"]
 
 
 def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):

@@ -369,3 +369,31 @@ def test_cli_rejects_bad_arguments_without_a_traceback(args, option):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
     assert option in res.output and "Traceback" not in res.output, res.output
+
+
+@pytest.mark.skipif(not HAVE_NIXL, reason=f"NIXL not importable here: {WHY_NOT}")
+def test_peer_session_speaks_to_a_target_started_by_a_command():
+    """--peer's channel (one pickle per line over the command's stdin/stdout) with the target started as a local
+    command instead of over SSH: a real NIXL DRAM->DRAM session, judged against the given link limit."""
+    import sys
+
+    from pdinfra.host.facts import gather
+    from pdinfra.transfer import checks as TC
+
+    results, report = TC.run_peer(gather("/"), "local", command=f"{sys.executable} -m pdinfra transfer-target",
+                                  iters=2, link_gbps=1.25)  # fmt: skip
+    assert report["session"]["error"] == "" and len(results) == 10, report["session"]
+    assert all(r.id.startswith("transfer.node-node ") and "GB/s" in r.evidence for r in results), results
+    assert not [r for r in results if r.verdict == "fail"], results
+
+
+def test_peer_session_with_a_broken_command_fails_with_the_reason():
+    import sys
+
+    from pdinfra.host.facts import gather
+    from pdinfra.transfer import checks as TC
+
+    results, report = TC.run_peer(gather("/"), "nowhere", command=f"{sys.executable} -c 'raise SystemExit(3)'",
+                                  iters=1, link_gbps=1.25)  # fmt: skip
+    assert results and all(r.verdict == "fail" for r in results)
+    assert "target exited with code 3" in report["session"]["error"] or "peer closed" in report["session"]["error"]
