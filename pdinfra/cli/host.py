@@ -41,6 +41,7 @@ def facts_cmd(
     ] = None,
 ) -> None:
     """Gather everything about a host (OS, kernel, driver, GPUs, NVLink, RDMA, UCX, serving) as JSON."""
+    _check_root(root)
     if record_nvml is not None:
         record_nvml.parent.mkdir(parents=True, exist_ok=True)
         record = write_nvml_record(str(record_nvml))
@@ -57,6 +58,17 @@ def facts_cmd(
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text + "\n", encoding="utf-8")
         typer.echo(f"facts for {facts.get('hostname')} written to {output}", err=True)
+
+
+def _check_root(root: str | None) -> None:
+    """A recorded host tree must exist and hold something: an empty one would be judged as a bare host."""
+    if root in (None, "/"):
+        return
+    tree = Path(root)
+    if not tree.is_dir():
+        raise typer.BadParameter(f"{root} is not a directory (a recorded host tree)", param_hint="--root")
+    if not any(tree.iterdir()):
+        raise typer.BadParameter(f"{root} is empty: nothing recorded to judge", param_hint="--root")
 
 
 def _load_facts(path: Path) -> dict[str, Any]:
@@ -164,12 +176,7 @@ def validate_cmd(
     ] = Path(NODE_FILE),
 ) -> None:
     """Validate hosts against the check catalog; exits 1 if any check fails, 2 on bad arguments."""
-    if root not in (None, "/"):
-        tree = Path(root)
-        if not tree.is_dir():
-            raise typer.BadParameter(f"{root} is not a directory (a recorded host tree)", param_hint="--root")
-        if not any(tree.iterdir()):
-            raise typer.BadParameter(f"{root} is empty: nothing recorded to judge", param_hint="--root")
+    _check_root(root)
     all_facts = [_load_facts(p) for p in facts_file] if facts_file else [gather(root or "/")]
     results: list[checks.CheckResult] = []
     for facts in all_facts:

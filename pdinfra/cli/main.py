@@ -201,7 +201,7 @@ def down(inventory: Inv = DEFAULT_INV) -> None:
 def smoke(
     inventory: Inv = DEFAULT_INV,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")] = False,
-    max_tokens: Annotated[int, typer.Option(help="Tokens per completion.")] = 16,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per completion.")] = 16,
     layout: Annotated[
         str | None, typer.Option(help="pd or agg (default: the inventory's pdinfra_layout, else pd).")
     ] = None,
@@ -313,10 +313,15 @@ def bench_run(
     from pdinfra.cli.bench import parse_slo, plan_from_options
     from pdinfra.cluster.slo import SLO
 
+    try:
+        the_plan = plan_from_options(plan, isl, osl, concurrency, layouts, prompts_per_concurrency, request_rate)
+        the_slo = parse_slo(slo) if slo else None
+    except (KeyError, ValueError, OSError) as exc:  # one line, exit 2, before any host is touched
+        typer.echo(f"error: {str(exc).strip(chr(34))}", err=True)
+        raise typer.Exit(2) from exc
     cluster = _cluster(inventory)
+    the_slo = the_slo or SLO.from_dict(cluster.slo)
     endpoints, router = live.endpoints_from_cluster(cluster, redeploy=redeploy)
-    the_plan = plan_from_options(plan, isl, osl, concurrency, layouts, prompts_per_concurrency, request_rate)
-    the_slo = parse_slo(slo) if slo else SLO.from_dict(cluster.slo)
     deployer = live.LayoutDeployer(inventory, Path(out) / ".deploy", _progress) if redeploy else None
     executor = live.AnsibleExecutor(inventory, router, Path(out) / ".fetched", deployer=deployer)
     try:

@@ -122,7 +122,13 @@ def test_verdicts():
     assert "UCX_MODULE_DIR=/x/nixl_cu13.libs/ucx" in tcp.remedy and "keep tcp" in tcp.remedy
 
     # the same tcp on a host without GPUs is not a GPU path lost
-    assert T.judge(_res(pair="host-host", transport="tcp", initiator="DRAM", target="DRAM"), False)[0] == "pass"
+    assert (
+        T.judge(_res(pair="host-host", transport="tcp", initiator="DRAM", target="DRAM", eff_copy=0.9), False)[0]
+        == "pass"
+    )
+    # nothing to compare with: the bandwidth of a bandwidth-bound request is not judged, and says so
+    unjudged = T.judge(_res(pair="node-node", transport="tcp", initiator="DRAM", target="DRAM"), False)
+    assert unjudged[0] == "warn" and "not judged" in unjudged[1]
     host_gpu = T.judge(_res(pair="host-gpu", transport="tcp", target="DRAM"), True)
     assert host_gpu[0] == "warn" and "not PCIe bandwidth" in host_gpu[1]
     assert T.judge(_res(transport="cma"), True)[0] == "warn"  # GPU pair without cuda_ipc

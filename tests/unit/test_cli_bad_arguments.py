@@ -1,0 +1,36 @@
+"""No `pdinfra` command answers bad arguments with a traceback: exit 2 and a one-line reason, before any host
+or network is touched."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from pdinfra.cli import app
+
+CASES = [
+    "bench plan --concurrency banana",
+    "bench plan --isl -5",
+    "bench report /nonexistent-run",
+    "bench run --plan nosuch",
+    "bench run --concurrency x",
+    "smoke --max-tokens 0",
+    "check-config -i /nonexistent-inventory",
+    "validate --facts /nonexistent-facts.json",
+    "validate --expect /nonexistent-expect.json",
+    "validate --peer root@198.18.0.12",
+    "facts --root /nonexistent-tree",
+    "transfer --sizes banana",
+    "transfer --block-size 0",
+    "transfer --gpus x",
+    "transfer --model-shape foo",
+    "transfer --iters 0",
+    "hosts status -i /nonexistent-inventory",
+]
+
+
+@pytest.mark.parametrize("line", CASES)
+def test_bad_arguments_exit_2_without_a_traceback(line):
+    res = CliRunner().invoke(app, line.split())
+    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
+    assert "Traceback" not in res.output and not isinstance(res.exception, (KeyError, TypeError, AttributeError))
