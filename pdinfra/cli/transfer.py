@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -186,7 +187,7 @@ def transfer_cmd(
     if json_out:
         typer.echo(json.dumps(report, indent=1))
     else:
-        Console().print(render_table(results))
+        Console(width=None if sys.stdout.isatty() else 170).print(render_table(results))
         for s in report["sessions"]:
             copy = s.get("copy", {})
             line = f"{s['label']}: copy reference {copy.get('kind', '?')}"
