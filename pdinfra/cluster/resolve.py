@@ -8,6 +8,7 @@ Every default of a cluster variable is applied here, once (the schema in :mod:`p
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pdinfra.cluster import kvshape, profiles, schema
+from pdinfra.cluster.expect import Expect
 from pdinfra.cluster.model import Cluster, Host, Instance, Model, Rail, Router, Secrets
 from pdinfra.cluster.schema import PDINFRA, Var
 from pdinfra.cluster.slo import SLO
@@ -23,8 +25,7 @@ from pdinfra.cluster.slo import SLO
 CLUSTER_GROUP = "pd_cluster"
 ROUTER_GROUP = "router"
 # Keys of a host's expectations (pdinfra.host.checks.Expect; a test keeps the two in step).
-EXPECT_KEYS = ("role", "gpu_count", "driver_version", "nvlink_version", "nvlinks_per_gpu", "fabric", "rdma",
-               "ucx_tls_required", "min_kernel", "pd_hosts", "roce_qos")  # fmt: skip
+EXPECT_KEYS = tuple(f.name for f in dataclasses.fields(Expect))
 # Variables Ansible itself sets or that connections use; never "unknown".
 _BOOL_TRUE = {"true", "yes", "on", "1", "y", "t"}
 _BOOL_FALSE = {"false", "no", "off", "0", "n", "f"}
@@ -90,7 +91,14 @@ class _Checker:
             self.problems.append(p)
 
     def value(self, var: Var, value: Any, where: str, host: str | None) -> Any:
-        """The value converted to the variable's type, or None after recording a problem."""
+        """The value converted to the variable's type, or None after recording a problem. A secret's value is
+        never shown in a problem (problems reach logs and terminals)."""
+        if var.secret:
+            shown = _Checker()
+            out = shown.value(dataclasses.replace(var, secret=False), value, where, host)
+            for p in shown.problems:
+                self.add(p.variable, f"{p.message.split(', not ')[0]} (value not shown: a secret)", p.host)
+            return out
         t = var.type
         out: Any = value
         if t in ("int", "port"):
@@ -292,7 +300,10 @@ def resolve(
                 if not have:
                     first, have = raw, True
         if len(seen) > 1:
-            detail = "; ".join(f"{', '.join(hs)}: {k}" for k, hs in seen.items())
+            if var.secret or any(f.secret for f in var.fields):
+                detail = " / ".join(", ".join(hs) for hs in seen.values()) + "; values not shown: they hold a secret"
+            else:
+                detail = "; ".join(f"{', '.join(hs)}: {k}" for k, hs in seen.items())
             ck.add(var.name, f"differs between hosts ({detail}); it is cluster-wide: set it once in group_vars")
         if not have:
             return var.default
@@ -358,16 +369,17 @@ def resolve(
         gpu_flag = _host_value(ck, hv, h, "pdinfra_gpu")
         gpu = (profile == "gpu") if gpu_flag is None else bool(gpu_flag)
         rails = _rails(ck, hv, h, hw, addr, rail_addrs)
+        expect = _expect(ck, hv, h, hw, gpu, rails, len(cluster_hosts), profile)
         insts: list[Instance] = []
         if in_cluster:
-            insts = _instances(ck, hv, h, addr, profile, block, dtype, model, shape, hw, layout, connector)
+            insts = _instances(ck, hv, h, addr, profile, block, dtype, model, shape, expect.get("gpu_count"),
+                               hardware, layout, connector)  # fmt: skip
             for inst in insts:
                 if inst.name in names:
                     other = names[inst.name]
                     ck.add(f"{inst.var}.name", f"{inst.name!r} is also used on {other.host} ({other.var})", h)
                 names[inst.name] = inst
             _check_ports(ck, hv, h, insts, h in routers)
-        expect = _expect(ck, hv, h, hw, gpu, rails, len(cluster_hosts), profile)
         hosts.append(Host(h, in_cluster, addr, addr_cidr, gpu, hardware, expect, tuple(rails), tuple(insts)))
         all_instances += insts
 
@@ -481,6 +493,10 @@ def _address(
         return None, None
     iface = ipaddress.ip_interface(str(v))
     ip = str(iface.ip)
+    if iface.version != 4:
+        ck.add("pdinfra_address", f"{v} is IPv6: pdinfra serves and advertises NIXL side channels on IPv4 addresses",
+               host)  # fmt: skip
+        return None, None
     if iface.ip.is_loopback:
         ck.add("pdinfra_address", f"{v} is a loopback address: NIXL peers cannot reach it", host)
     if iface.ip.is_unspecified:
@@ -527,7 +543,8 @@ def _rails(ck: _Checker, hv: dict[str, Any], host: str, hw: profiles.HardwarePro
 
 def _instances(
     ck: _Checker, hv: dict[str, Any], host: str, addr: str | None, profile: str, block: int, dtype: str,
-    model: Model | None, shape: kvshape.KVShape | None, hw: profiles.HardwareProfile, layout: str, connector: str,
+    model: Model | None, shape: kvshape.KVShape | None, gpu_count: int | None, hardware: str, layout: str,
+    connector: str,
 ) -> list[Instance]:  # fmt: skip
     raw = hv.get("pdinfra_instances", [])
     if raw is None:
@@ -564,10 +581,9 @@ def _instances(
                        "(CUDA_VISIBLE_DEVICES)", host)  # fmt: skip
             elif gpus and len(gpus) != tp:
                 ck.add(f"{var}.gpus", f"{len(gpus)} GPUs listed but tensor_parallel_size is {tp}", host)
-            count = hw.expect.get("gpu_count")
-            if count and gpus and max(gpus) >= count:
-                ck.add(f"{var}.gpus", f"GPU {max(gpus)} does not exist on a {hw.name} host (GPUs 0..{count - 1}; "
-                       "indexes are 0-based)", host)  # fmt: skip
+            if gpu_count and gpus and max(gpus) >= gpu_count:
+                ck.add(f"{var}.gpus", f"GPU {max(gpus)} does not exist on a {hardware} host with {gpu_count} GPUs "
+                       f"(GPUs 0..{gpu_count - 1}; indexes are 0-based)", host)  # fmt: skip
         if shape is not None:
             why = kvshape.tp_problem(shape, tp)
             if why:
@@ -692,25 +708,11 @@ def _expect(
                     ck.add(f"pdinfra_expect.{k}", f"unknown expectation; known: {', '.join(EXPECT_KEYS)}"
                            f"{_suggest(str(k), list(EXPECT_KEYS))}", host)  # fmt: skip
                     continue
-                if (
-                    k in ("gpu_count", "nvlinks_per_gpu", "pd_hosts")
-                    and v is not None
-                    and (isinstance(v, bool) or not re.fullmatch(r"\d+", str(v)))
-                ):
-                    ck.add(f"pdinfra_expect.{k}", f"must be a non-negative integer, not {_show(v)}", host)
-                    continue
-                if k == "fabric" and v is not None and not isinstance(v, bool):
-                    ck.add(f"pdinfra_expect.{k}", f"must be true or false, not {_show(v)}", host)
-                    continue
-                if k == "role" and v not in ("gpu", "cpu"):
-                    ck.add(f"pdinfra_expect.{k}", f"must be gpu or cpu, not {_show(v)}", host)
-                    continue
-                if k == "min_kernel" and not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(v)):
-                    ck.add(f"pdinfra_expect.{k}", f"must be a kernel version such as 5.12, not {_show(v)}", host)
-                    continue
-                if k in ("gpu_count", "nvlinks_per_gpu", "pd_hosts") and v is not None:
-                    v = int(v)
                 expect[k] = v
+    try:
+        Expect.from_dict(expect)
+    except ValueError as exc:
+        ck.add("pdinfra_expect", f"{exc} (the expectations of this host, after pdinfra_expect)", host)
     return expect
 
 

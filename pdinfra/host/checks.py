@@ -11,10 +11,10 @@ import ipaddress
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from pdinfra.cluster.expect import Expect, RdmaExpect, normalise_nvlink_version  # noqa: F401  (re-exported)
 from pdinfra.host.facts import NVLINK_VERSION_NAMES, parse_version_tuple
 
 PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
@@ -65,120 +65,6 @@ def fail(evidence: str, remedy: str) -> Outcome:
 
 def na(evidence: str) -> Outcome:
     return Outcome(NA, evidence)
-
-
-@dataclass(frozen=True)
-class RdmaExpect:
-    netdev: str
-    address: str | None = None
-    mtu: int | None = None
-    speed: int | None = None  # Mb/s, as /sys/class/net/<netdev>/speed reports it (400000 for 400G)
-
-    @property
-    def ip(self) -> str | None:
-        return self.address.split("/", 1)[0] if self.address else None
-
-
-@dataclass
-class Expect:
-    """What the inventory declares about one host (docs/validation.md, "Expectations")."""
-
-    role: str = "gpu"
-    gpu_count: int | None = None
-    driver_version: str | None = None
-    nvlink_version: str | None = None
-    nvlinks_per_gpu: int | None = None
-    fabric: bool | None = None
-    rdma: list[RdmaExpect] = field(default_factory=list)
-    ucx_tls_required: list[str] | None = None
-    min_kernel: str = "5.12"
-    pd_hosts: int = 1
-    roce_qos: dict[str, Any] | None = None  # {pfc_priority, ecn, dscp_trust, roce_mode} of the rails
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Expect:
-        """From expect.json (or --expect): every key type-checked, each error naming the key."""
-        data = dict(data or {})
-        if "_error" in data:
-            raise ValueError(str(data["_error"]))
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown expectation key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        if data.get("role", "gpu") not in ("gpu", "cpu"):
-            raise ValueError(f"role must be 'gpu' or 'cpu', not {data['role']!r}")
-
-        def integer(key: str, value: Any, low: int) -> int:
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{key} must be an integer >= {low}, not {value!r}")
-            return value
-
-        for key, low in (("gpu_count", 0), ("nvlinks_per_gpu", 0), ("pd_hosts", 1)):
-            if data.get(key) is not None:
-                data[key] = integer(key, data[key], low)
-        if data.get("fabric") is not None and not isinstance(data["fabric"], bool):
-            raise ValueError(f"fabric must be true or false, not {data['fabric']!r}")
-        if "min_kernel" in data and not (
-            isinstance(data["min_kernel"], str) and parse_version_tuple(data["min_kernel"])
-        ):
-            raise ValueError(f"min_kernel must be a kernel version such as '5.12', not {data['min_kernel']!r}")
-        qos = data.get("roce_qos")
-        if qos is not None:
-            known_qos = {"pfc_priority", "ecn", "dscp_trust", "roce_mode"}
-            if not isinstance(qos, dict) or set(qos) - known_qos:
-                raise ValueError(f"roce_qos must be a mapping of {', '.join(sorted(known_qos))}, not {qos!r}")
-            if qos.get("pfc_priority") is not None:
-                integer("roce_qos pfc_priority", qos["pfc_priority"], 0)
-                if qos["pfc_priority"] > 7:
-                    raise ValueError(f"roce_qos pfc_priority must be 0..7, not {qos['pfc_priority']!r}")
-            for key in ("ecn", "dscp_trust"):
-                if qos.get(key) is not None and not isinstance(qos[key], bool):
-                    raise ValueError(f"roce_qos {key} must be true or false, not {qos[key]!r}")
-        tls = data.get("ucx_tls_required")
-        if tls is not None and (not isinstance(tls, list) or not all(isinstance(t, str) and t for t in tls)):
-            raise ValueError(f"ucx_tls_required must be a list of transport names, not {tls!r}")
-        rdma = []
-        for item in data.pop("rdma", None) or []:
-            if isinstance(item, str):
-                item = {"netdev": item}
-            if not isinstance(item, dict) or "netdev" not in item:
-                raise ValueError(f"each rdma entry needs a 'netdev': {item!r}")
-            extra = set(item) - {"netdev", "address", "mtu", "speed"}
-            if extra:
-                raise ValueError(f"unknown rdma key(s) {sorted(extra)} in {item!r}")
-            address = item.get("address")
-            if address is not None:
-                try:
-                    if "/" not in str(address):
-                        raise ValueError(address)
-                    ipaddress.ip_interface(str(address))
-                except ValueError:
-                    raise ValueError(f"rdma address must be an address with prefix length, not {address!r}") from None
-            mtu = integer("rdma mtu", item["mtu"], 576) if item.get("mtu") is not None else None
-            speed = integer("rdma speed", item["speed"], 1) if item.get("speed") is not None else None
-            rdma.append(RdmaExpect(str(item["netdev"]), address, mtu, speed))
-        if data.get("nvlink_version") is not None:
-            try:
-                data["nvlink_version"] = normalise_nvlink_version(data["nvlink_version"])
-            except ValueError:
-                raise ValueError(f"nvlink_version must be like '4.0' or 4, not {data['nvlink_version']!r}") from None
-        if data.get("driver_version") is not None:
-            data["driver_version"] = str(data["driver_version"])
-        return cls(rdma=rdma, **data)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Expect:
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-
-    @property
-    def gpu(self) -> bool:
-        return self.role == "gpu"
-
-
-def normalise_nvlink_version(value: Any) -> str:
-    """4, "4", "4.0" -> "4.0" (the NVLink generation; NVML's enum value 6 is also 4.0)."""
-    text = str(value).strip()
-    return text if "." in text else f"{int(text)}.0"
 
 
 @dataclass(frozen=True)

@@ -116,10 +116,8 @@ def run(
     return to_checks(report, str(facts.get("hostname") or facts.get("host") or "")), report
 
 
-DEFAULT_PEER_COMMAND = (
-    "ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "
-    "{peer} pdinfra transfer-target"
-)
+# The peer's host key is checked as ssh checks it (known_hosts); --peer-command changes how the target starts.
+DEFAULT_PEER_COMMAND = "ssh -o BatchMode=yes -o LogLevel=ERROR {peer} pdinfra transfer-target"
 
 
 def peer_link_gbps(facts: dict[str, Any]) -> float | None:

@@ -1,17 +1,19 @@
 """The target side of a NIXL session on another node (``pdinfra validate --transfer --peer HOST``).
 
-The parent starts ``pdinfra transfer-target`` on the peer through a command (SSH by default) and talks to it
-over that command's stdin/stdout, one base64-encoded pickle per line, with the same messages the local
-target gets through a multiprocessing pipe (worker._target_main). Both ends are pdinfra from the same
-controller (the pd_runtime role pushes the source), so the pickled dataclasses match; nothing else listens:
-NIXL's own data path is whatever UCX picks between the two nodes (tcp without RDMA NICs, rc_mlx5 with them).
+The parent starts ``pdinfra transfer-target`` on the peer through a command (SSH by default, with the host key
+checked as ssh checks it) and talks to it over that command's stdin/stdout with the same messages the local
+target gets through a multiprocessing pipe (worker._target_main). Each message is one line ``pdinfra-xfer/1 <JSON>``
+(bytes as base64, tuples and the endpoint tagged); lines without the prefix (a login banner, a profile's echo)
+are skipped, and nothing read from the peer is ever unpickled or evaluated. Nothing else listens: NIXL's own data
+path is whatever UCX picks between the two nodes (tcp without RDMA NICs, rc_mlx5 with them).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
+import json
 import os
-import pickle
 import select
 import subprocess
 import sys
@@ -19,7 +21,41 @@ import tempfile
 import time
 from typing import Any
 
+from pdinfra.transfer.plan import Endpoint
 from pdinfra.transfer.worker import _target_main
+
+PREFIX = b"pdinfra-xfer/1 "
+
+
+def encode(obj: Any) -> Any:
+    """Messages to JSON: bytes, tuples and endpoints tagged so that decode() gives them back."""
+    if isinstance(obj, bytes):
+        return {"__b": base64.b64encode(obj).decode()}
+    if isinstance(obj, Endpoint):
+        return {"__ep": dataclasses.asdict(obj)}
+    if isinstance(obj, tuple):
+        return {"__t": [encode(x) for x in obj]}
+    if isinstance(obj, list):
+        return [encode(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): encode(v) for k, v in obj.items()}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot send a {type(obj).__name__} to the peer")
+
+
+def decode(obj: Any) -> Any:
+    if isinstance(obj, list):
+        return [decode(x) for x in obj]
+    if isinstance(obj, dict):
+        if set(obj) == {"__b"}:
+            return base64.b64decode(obj["__b"])
+        if set(obj) == {"__t"}:
+            return tuple(decode(x) for x in obj["__t"])
+        if set(obj) == {"__ep"}:
+            return Endpoint(**{k: v for k, v in obj["__ep"].items() if k in ("mem", "gpu", "pinned")})
+        return {k: decode(v) for k, v in obj.items()}
+    return obj
 
 
 class LineConn:
@@ -29,7 +65,7 @@ class LineConn:
         self.rfd, self.wfd, self._buf = rfd, wfd, b""
 
     def send(self, obj: Any) -> None:
-        data = base64.b64encode(pickle.dumps(obj)) + b"\n"
+        data = PREFIX + json.dumps(encode(obj)).encode() + b"\n"
         while data:
             data = data[os.write(self.wfd, data) :]
 
@@ -43,19 +79,31 @@ class LineConn:
         self._buf += chunk
         return True
 
+    def _skip_noise(self) -> None:
+        """Drop complete lines that are not protocol messages (banners, echoes from the login shell)."""
+        while b"\n" in self._buf and not self._buf.startswith(PREFIX):
+            self._buf = self._buf.partition(b"\n")[2]
+
     def poll(self, timeout: float = 0.0) -> bool:
         deadline = time.monotonic() + timeout
+        self._skip_noise()
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0 or not self._fill(left):
-                return b"\n" in self._buf
-        return True
+                break
+            self._skip_noise()
+        return b"\n" in self._buf
 
     def recv(self) -> Any:
+        self._skip_noise()
         while b"\n" not in self._buf:
             self._fill(None)
+            self._skip_noise()
         line, _, self._buf = self._buf.partition(b"\n")
-        return pickle.loads(base64.b64decode(line))  # noqa: S301 - our own process on the other end
+        try:
+            return decode(json.loads(line[len(PREFIX) :]))
+        except (ValueError, TypeError) as exc:
+            raise EOFError(f"unreadable message from the peer: {exc}") from None
 
 
 class RemoteTarget:

@@ -119,8 +119,10 @@ def _bandwidth_verdict(res: CaseResult) -> tuple[str, str, str] | None:
             return "warn", f"{res.eff_copy:.0%} of a raw copy (< {BW_WARN_COPY:.0%})", remedy
         return None
     if res.eff_link is None:
-        return "warn", "bandwidth not judged: no link limit known and no raw copy to compare with", (
-            "give the link limit (--link-gbps, or a NIC speed readable in /sys/class/net/<netdev>/speed)"
+        return (
+            "warn",
+            "bandwidth not judged: no link limit known and no raw copy to compare with",
+            ("give the link limit (--link-gbps, or a NIC speed readable in /sys/class/net/<netdev>/speed)"),
         )
     if res.eff_link is not None:
         if res.eff_link < BW_FAIL_LINK:

@@ -174,6 +174,16 @@ def test_cluster_round_trips_through_json():
     assert node["node"] == "gpu2" and "secrets" not in json.dumps(node)
 
 
+def test_secrets_never_appear_in_problems():
+    hv = copy.deepcopy(GPU)
+    hv["gpu1"]["pdinfra_model"] = dict(hv["gpu1"]["pdinfra_model"], hf_token="hf_SECRET1")
+    hv["gpu2"]["pdinfra_model"] = dict(hv["gpu2"]["pdinfra_model"], hf_token="hf_SECRET2")
+    hv["gpu1"]["pdinfra_api_key"] = 12345
+    out = "\n".join(str(p) for p in R.resolve(hv, copy.deepcopy(GPU_GROUPS)).problems)
+    assert "pdinfra_model: differs between hosts" in out and "pdinfra_api_key: must be a string" in out, out
+    assert "SECRET" not in out and "12345" not in out, out
+
+
 def test_secrets_never_serialised():
     hv = copy.deepcopy(GPU)
     for h in hv.values():
@@ -316,8 +326,13 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("unknown hardware profile", GPU, _host("gpu1", "pdinfra_hardware", "hgx-h100"), "host gpu1: pdinfra_hardware: unknown hardware profile 'hgx-h100'"),
     ("cpu hardware on gpu profile", GPU, _host("gpu1", "pdinfra_hardware", "cpu-node"), "host gpu1: pdinfra_hardware: cpu-node is a CPU profile but pdinfra_profile is gpu"),
     ("unknown expectation", GPU, _host("gpu1", "pdinfra_expect", {"gpus": 8}), "host gpu1: pdinfra_expect.gpus: unknown expectation"),
-    ("expectation wrong type", GPU, _host("gpu1", "pdinfra_expect", {"nvlinks_per_gpu": "many"}), "host gpu1: pdinfra_expect.nvlinks_per_gpu: must be a non-negative integer"),
-    ("expectation bad kernel", GPU, _host("gpu1", "pdinfra_expect", {"min_kernel": "abc"}), "host gpu1: pdinfra_expect.min_kernel: must be a kernel version"),
+    ("expectation wrong type", GPU, _host("gpu1", "pdinfra_expect", {"nvlinks_per_gpu": "many"}), "host gpu1: pdinfra_expect: nvlinks_per_gpu must be an integer >= 0, not 'many'"),
+    ("expectation bad kernel", GPU, _host("gpu1", "pdinfra_expect", {"min_kernel": "abc"}), "host gpu1: pdinfra_expect: min_kernel must be a kernel version such as '5.12', not 'abc'"),
+    ("expectation kernel as a YAML float", GPU, _host("gpu1", "pdinfra_expect", {"min_kernel": 5.15}), "host gpu1: pdinfra_expect: min_kernel must be a kernel version such as '5.12', not 5.15"),
+    ("expectation QoS unknown key", GPU, _host("gpu1", "pdinfra_expect", {"roce_qos": {"pfc": 3}}), "host gpu1: pdinfra_expect: roce_qos must be a mapping of"),
+    ("expectation rails as a string", GPU, _host("gpu1", "pdinfra_expect", {"rdma": "ens1"}), "host gpu1: pdinfra_expect: rdma must be a list of rails, not 'ens1'"),
+    ("gpus beyond an overridden count", GPU, lambda hv: (hv["gpu2"].update(pdinfra_hardware="gpu-generic", pdinfra_expect={"gpu_count": 2}), hv["gpu2"]["pdinfra_instances"][0].update(gpus=[5], tensor_parallel_size=1)), "host gpu2: pdinfra_instances[0].gpus: GPU 5 does not exist on a gpu-generic host with 2 GPUs"),
+    ("IPv6 serving address", CPU, _host("node1", "pdinfra_address", "fd00::11/64"), "host node1: pdinfra_address: fd00::11/64 is IPv6"),
     ("pdinfra_gpu not a bool", GPU, _host("gpu1", "pdinfra_gpu", "maybe"), "host gpu1: pdinfra_gpu: must be true or false, not 'maybe'"),
     # rails (cross-host)
     ("rail address copied from another host", GPU, lambda hv: hv["gpu2"].update(rdma_roce_nics=copy.deepcopy(hv["gpu1"]["rdma_roce_nics"])), "host gpu2: rdma_roce_nics[0].address: 198.18.1.11 is also a rail address of gpu1"),

@@ -403,3 +403,20 @@ def test_peer_session_with_a_broken_command_fails_with_the_reason():
                                   iters=1, link_gbps=1.25)  # fmt: skip
     assert results and all(r.verdict == "fail" for r in results)
     assert "target exited with code 3" in report["session"]["error"] or "peer closed" in report["session"]["error"]
+
+
+def test_peer_channel_skips_banners_and_never_unpickles():
+    import os
+
+    from pdinfra.transfer import remote
+    from pdinfra.transfer.plan import Endpoint
+
+    r, w = os.pipe()
+    os.write(w, b"Welcome to node2\n")
+    remote.LineConn(-1, w).send(("hello", b"\x00meta", 1, (2, 3), Endpoint("VRAM", 1), {"k": [None, True]}))
+    os.write(w, remote.PREFIX + b"not json\n")
+    conn = remote.LineConn(r, w)
+    assert conn.poll(1.0)
+    assert conn.recv() == ("hello", b"\x00meta", 1, (2, 3), Endpoint("VRAM", 1), {"k": [None, True]})
+    with pytest.raises(EOFError, match="unreadable message"):
+        conn.recv()
