@@ -14,7 +14,6 @@ Layouts on the same hardware:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 import urllib.request
@@ -25,7 +24,7 @@ from pdinfra.bench.plan import BenchEndpoints, BenchPoint, Instance, LayoutEndpo
 from pdinfra.cluster.inventory import load_cluster
 from pdinfra.cluster.model import Cluster
 from pdinfra.paths import REPO
-from pdinfra.playbook import ansible_bin
+from pdinfra.playbook import ansible_bin, ansible_env, run_playbook
 
 
 class LiveBenchError(RuntimeError):
@@ -78,14 +77,11 @@ class LayoutDeployer:
             return
         if self.progress:
             self.progress(f"deploying the {layout} layout (site.yml --tags serving -e pdinfra_layout={layout})")
-        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-        cmd = [ansible_bin("ansible-playbook"), "-i", str(self.inventory), str(REPO / "site.yml"),
-               "--tags", "serving", "-e", f"pdinfra_layout={layout}"]  # fmt: skip
-        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        (self.log_dir / f"deploy-{layout}.log").write_text(res.stdout + "\n" + res.stderr)
-        if res.returncode != 0:
-            raise LiveBenchError(f"deploying the {layout} layout failed:\n{(res.stdout + res.stderr)[-3000:]}")
+        res = run_playbook(self.inventory, "site.yml", ["--tags", "serving", "-e", f"pdinfra_layout={layout}"],
+                           log=self.log_dir / f"deploy-{layout}.log", timeout_s=3600)  # fmt: skip
+        if res.rc != 0:
+            tail = res.log.read_text(errors="replace")[-3000:]
+            raise LiveBenchError(f"deploying the {layout} layout failed (log: {res.log}):\n{tail}")
         self.current = layout
         self.warm_up(layout)
 
@@ -124,9 +120,8 @@ class AnsibleExecutor:
     def _ansible(self, module: str, args: dict[str, Any]) -> dict[str, Any]:
         """One ad-hoc module run on the host; its result as Ansible's tree callback saved it."""
         with tempfile.TemporaryDirectory(prefix="pdinfra-bench-") as tree:
-            env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                       ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_CALLBACKS_ENABLED="tree",
-                       ANSIBLE_CALLBACK_TREE_DIR=tree)  # fmt: skip
+            env = ansible_env(ANSIBLE_NOCOLOR="1", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+                              ANSIBLE_CALLBACKS_ENABLED="tree", ANSIBLE_CALLBACK_TREE_DIR=tree)  # fmt: skip
             cmd = [ansible_bin("ansible"), "-i", str(self.inventory), self.host, "-m", module, "-a", json.dumps(args)]
             res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=self.timeout_s)
             try:

@@ -192,8 +192,8 @@ def validate_cmd(
         from pdinfra.transfer import checks as transfer_checks
 
         err = Console(stderr=True, soft_wrap=True)
+        cluster, node = _node_cluster(cluster_file)
         try:
-            cluster, node = _node_cluster(cluster_file)
             measured, report = transfer_checks.run(
                 all_facts[0], progress=lambda m: err.print(f"[cyan]»[/] {m}"), cluster=cluster, node=node
             )
@@ -212,7 +212,6 @@ def validate_cmd(
                 {},
             )
         if peer:
-            cluster, node = _node_cluster(cluster_file)
             peer_measured, peer_report = transfer_checks.run_peer(
                 all_facts[0], peer, peer_command or transfer_checks.DEFAULT_PEER_COMMAND,
                 progress=lambda m: err.print(f"[cyan]»[/] {m}"), cluster=cluster, node=node,

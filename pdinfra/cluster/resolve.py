@@ -93,17 +93,12 @@ class _Checker:
     def value(self, var: Var, value: Any, where: str, host: str | None) -> Any:
         """The value converted to the variable's type, or None after recording a problem. A secret's value is
         never shown in a problem (problems reach logs and terminals)."""
-        if var.secret:
-            shown = _Checker()
-            out = shown.value(dataclasses.replace(var, secret=False), value, where, host)
-            for p in shown.problems:
-                self.add(p.variable, f"{p.message.split(', not ')[0]} (value not shown: a secret)", p.host)
-            return out
+        shown = "a value not shown (a secret)" if var.secret else _show(value)
         t = var.type
         out: Any = value
         if t in ("int", "port"):
             if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r"-?\d+", str(value)):
-                self.add(where, f"must be an integer, not {_show(value)}", host)
+                self.add(where, f"must be an integer, not {shown}", host)
                 return None
             out = int(value)
             lo, hi = (1, 65535) if t == "port" else (var.min, var.max)
@@ -122,19 +117,19 @@ class _Checker:
             elif str(value).lower() in _BOOL_TRUE | _BOOL_FALSE:
                 out = str(value).lower() in _BOOL_TRUE
             else:
-                self.add(where, f"must be true or false, not {_show(value)}", host)
+                self.add(where, f"must be true or false, not {shown}", host)
                 return None
         elif t == "str":
             if not isinstance(value, str):
-                self.add(where, f"must be a string, not {_show(value)} ({type(value).__name__})", host)
+                self.add(where, f"must be a string, not {shown} ({type(value).__name__})", host)
                 return None
         elif t == "list":
             if not isinstance(value, list):
-                self.add(where, f"must be a list, not {_show(value)} ({type(value).__name__})", host)
+                self.add(where, f"must be a list, not {shown} ({type(value).__name__})", host)
                 return None
         elif t == "dict":
             if not isinstance(value, dict):
-                self.add(where, f"must be a mapping, not {_show(value)} ({type(value).__name__})", host)
+                self.add(where, f"must be a mapping, not {shown} ({type(value).__name__})", host)
                 return None
         elif t == "cidr":
             text = str(value)
@@ -143,12 +138,12 @@ class _Checker:
                     raise ValueError(text)
                 ipaddress.ip_interface(text)
             except ValueError:
-                self.add(where, f"{_show(value)} is not an address with prefix length (e.g. 198.18.0.11/24)", host)
+                self.add(where, f"{shown} is not an address with prefix length (e.g. 198.18.0.11/24)", host)
                 return None
         if var.choices is not None and out not in var.choices:
             choices = [str(c) for c in var.choices]
             hint = _suggest(str(value), choices)
-            self.add(where, f"must be one of {', '.join(choices)}, not {_show(value)}{hint}", host)
+            self.add(where, f"must be one of {', '.join(choices)}, not {shown}{hint}", host)
             return None
         return out
 

@@ -36,6 +36,12 @@ class KVPlan:
     kv_dtype: str | None
 
 
+def gpu_host(facts: dict[str, Any]) -> bool:
+    """The facts show usable GPUs (NVML present and at least one device)."""
+    gpus = facts.get("gpus") or {}
+    return bool(gpus.get("present")) and bool(gpus.get("count"))
+
+
 def kv_plan(gpu: bool, cluster: Cluster | None = None, node: str | None = None) -> KVPlan:
     """The KV geometry of the instances deployed on ``node`` (the cluster's when the node has none)."""
     if cluster is not None and cluster.model.shape:
@@ -49,7 +55,7 @@ def kv_plan(gpu: bool, cluster: Cluster | None = None, node: str | None = None) 
 
 def compact_config(facts: dict[str, Any], iters: int = 10, plan: KVPlan | None = None) -> T.BenchConfig:
     lim = linklimits.limits(facts)
-    gpu = bool((facts.get("gpus") or {}).get("present")) and bool((facts.get("gpus") or {}).get("count"))
+    gpu = gpu_host(facts)
     plan = plan or kv_plan(gpu)
     return T.BenchConfig(
         ops=("READ", "WRITE"),
@@ -105,7 +111,7 @@ def to_checks(report: dict[str, Any], host: str = "") -> list[CheckResult]:
 def run(
     facts: dict[str, Any], iters: int = 10, progress=None, cluster: Cluster | None = None, node: str | None = None
 ) -> tuple[list[CheckResult], dict[str, Any]]:
-    gpu = bool((facts.get("gpus") or {}).get("present")) and bool((facts.get("gpus") or {}).get("count"))
+    gpu = gpu_host(facts)
     plan = kv_plan(gpu, cluster, node)
     if progress:
         dtype = plan.kv_dtype or "the model's own"
@@ -145,7 +151,7 @@ def run_peer(
     import shlex
     import time
 
-    gpu = bool((facts.get("gpus") or {}).get("present")) and bool((facts.get("gpus") or {}).get("count"))
+    gpu = gpu_host(facts)
     plan = kv_plan(gpu, cluster, node)
     shape = kvshape.for_dtype(kvshape.get_shape(plan.model_shape), plan.kv_dtype)
     cases = T.plan_cases(("READ", "WRITE"), (64 * KIB, 16 * MIB), ((256, 64 * KIB),), ("contig",), shape,

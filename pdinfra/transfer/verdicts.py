@@ -124,11 +124,10 @@ def _bandwidth_verdict(res: CaseResult) -> tuple[str, str, str] | None:
             "bandwidth not judged: no link limit known and no raw copy to compare with",
             ("give the link limit (--link-gbps, or a NIC speed readable in /sys/class/net/<netdev>/speed)"),
         )
-    if res.eff_link is not None:
-        if res.eff_link < BW_FAIL_LINK:
-            return "fail", f"{res.eff_link:.0%} of the link limit (< {BW_FAIL_LINK:.0%}), no copy reference", remedy
-        if res.eff_link < BW_WARN_LINK:
-            return "warn", f"{res.eff_link:.0%} of the link limit (< {BW_WARN_LINK:.0%}), no copy reference", remedy
+    if res.eff_link < BW_FAIL_LINK:
+        return "fail", f"{res.eff_link:.0%} of the link limit (< {BW_FAIL_LINK:.0%}), no copy reference", remedy
+    if res.eff_link < BW_WARN_LINK:
+        return "warn", f"{res.eff_link:.0%} of the link limit (< {BW_WARN_LINK:.0%}), no copy reference", remedy
     return None
 
 

@@ -84,3 +84,17 @@ def test_vllm_instance_spec_lists_every_field_of_a_resolved_instance():
 
     spec = schema.role_schemas()["vllm_instance"].variables["vllm_instance_list"].spec["options"]
     assert set(spec) == {f.name for f in fields(Instance)}
+
+
+def test_the_roles_play_time_ranges_agree_with_the_schema():
+    """The roles keep their own range asserts (they can run alone); the schema checks the same ranges before any
+    host is touched. The two must not drift apart."""
+    found = {}
+    for path in (REPO / "roles").glob("*/tasks/*.yml"):
+        for name, lo, name2, hi in re.findall(
+            r"([a-z_]+) \| int >= (\d+) and ([a-z_]+) \| int <= (\d+)", path.read_text()
+        ):
+            if name == name2:
+                found[name] = (int(lo), int(hi))
+    assert found, "no range asserts found in the roles"
+    assert {k: schema.ROLE_RANGES.get(k) for k in found} == found
