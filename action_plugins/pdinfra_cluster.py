@@ -10,7 +10,7 @@ controller (``pdinfra check-config`` and the Python consumers read the model tha
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
@@ -66,10 +66,16 @@ class ActionModule(ActionBase):
         problems = template_problems + res.problems
         result["changed"] = False
         if args.get("output"):
-            Path(args["output"]).write_text(json.dumps({
+            data = {
                 "problems": [{"variable": p.variable, "message": p.message, "host": p.host} for p in problems],
                 "cluster": res.cluster.to_dict() if res.cluster is not None and not problems else None,
-            }))  # fmt: skip
+            }
+            if args.get("output_secrets") and data["cluster"] is not None:
+                data["secrets"] = {"api_key": res.cluster.secrets.api_key, "hf_token": res.cluster.secrets.hf_token}
+            # Owner-only: it may hold the secrets (output_secrets).
+            fd = os.open(args["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(data))
         if problems:
             result["failed"] = True
             result["problems"] = [str(p) for p in problems]

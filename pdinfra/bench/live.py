@@ -90,7 +90,8 @@ class LayoutDeployer:
         requests take that hit, and prove the layout works, before any point is measured."""
         from pdinfra.serving import smoke
 
-        ep = smoke.endpoints_from_cluster(load_cluster(self.inventory))
+        cluster = load_cluster(self.inventory, secrets=True)
+        ep = smoke.endpoints_from_cluster(cluster, api_key=cluster.secrets.api_key)
         result = smoke.run(ep, layout=layout)
         if not result.ok:
             failed = "; ".join(f"{p.name}: {p.evidence}" for p in result.proofs if not p.ok)

@@ -46,14 +46,19 @@ def _load(inv: Path):
         raise typer.Exit(2) from exc
 
 
-def _cluster(inv: Path):
-    """The resolved cluster; problems are printed (each naming its variable and host) and end the command."""
+def _cluster(inv: Path, secrets: bool = False):
+    """The resolved cluster (with ``secrets``: and its API key); problems are printed (each naming its variable and
+    host) and end the command."""
     from pdinfra.cluster.inventory import InventoryError, load_cluster
     from pdinfra.cluster.resolve import ClusterError
     from pdinfra.playbook import AnsibleMissing
 
     try:
-        return load_cluster(inv)
+        if inv == DEFAULT_INV:
+            from pdinfra.testhosts import nspawn
+
+            nspawn.api_key_file()  # the local inventory reads its API key from the test hosts' state
+        return load_cluster(inv, secrets=secrets)
     except ClusterError as exc:  # plain text, one problem a line: easy to grep, never wrapped
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from exc
@@ -209,8 +214,8 @@ def smoke(
     """Completion + streaming completion through the router, proof of P->D KV transfer, greedy equality."""
     from pdinfra.serving import smoke as smoke_mod
 
-    cluster = _cluster(inventory)
-    ep = smoke_mod.endpoints_from_cluster(cluster)
+    cluster = _cluster(inventory, secrets=True)
+    ep = smoke_mod.endpoints_from_cluster(cluster, api_key=cluster.secrets.api_key)
     lay = layout or cluster.layout
     result = smoke_mod.run(ep, max_tokens=max_tokens, layout=lay)
     if json_out:

@@ -8,6 +8,7 @@ with its file, line and column before Ansible is asked anything.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import tempfile
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 
 from pdinfra import paths
-from pdinfra.cluster.model import Cluster
+from pdinfra.cluster.model import Cluster, Secrets
 from pdinfra.cluster.resolve import ClusterError, Problem
 from pdinfra.playbook import ansible_bin, ansible_env
 
@@ -126,14 +127,17 @@ def load(source: Path | str | list[Path | str] = DEFAULT) -> Inventory:
     return Inventory(source=sources[0], hostvars=hostvars, groups=groups)
 
 
-def load_cluster(source: Path | str | list[Path | str] = DEFAULT, extra_vars: list[str] | None = None) -> Cluster:
-    """The resolved cluster of an inventory, through the same action plugin as site.yml's pre-flight play.
-    Raises ClusterError (the problems, each naming its variable and host) or InventoryError."""
+def load_cluster(
+    source: Path | str | list[Path | str] = DEFAULT, extra_vars: list[str] | None = None, secrets: bool = False
+) -> Cluster:
+    """The resolved cluster of an inventory, through the same action plugin as site.yml's pre-flight play; with
+    ``secrets`` its :class:`Secrets` too (the API key a client needs). Raises ClusterError (the problems, each naming
+    its variable and host) or InventoryError."""
     sources = _sources(source)
     with tempfile.TemporaryDirectory(prefix="pdinfra-cluster-") as tmp:
         out = Path(tmp) / "cluster.json"
         cmd = [ansible_bin("ansible"), *[a for s in sources for a in ("-i", str(s))], "localhost",
-               "-m", "pdinfra_cluster", "-a", json.dumps({"output": str(out)})]  # fmt: skip
+               "-m", "pdinfra_cluster", "-a", json.dumps({"output": str(out), "output_secrets": secrets})]  # fmt: skip
         for e in extra_vars or []:
             cmd += ["-e", e]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=paths.REPO,
@@ -145,4 +149,7 @@ def load_cluster(source: Path | str | list[Path | str] = DEFAULT, extra_vars: li
         data = json.loads(out.read_text(encoding="utf-8"))
     if data.get("problems"):
         raise ClusterError([Problem(**p) for p in data["problems"]], ", ".join(map(str, sources)))
-    return Cluster.from_dict(data["cluster"])
+    cluster = Cluster.from_dict(data["cluster"])
+    if secrets and data.get("secrets"):
+        cluster = dataclasses.replace(cluster, secrets=Secrets(**data["secrets"]))
+    return cluster

@@ -81,6 +81,19 @@ class Router:
 
 
 @dataclass(frozen=True)
+class Firewall:
+    """What a PD host lets in (rendered to nftables by the pd_firewall role): the PD ports (instances, NIXL side
+    channels, UCX's TCP listeners, router metrics) only from the cluster's own addresses, the router port only from
+    the client networks. Other ports are not touched (the table filters only these)."""
+
+    peers: tuple[str, ...]  # every PD host's serving address
+    peer_ports: tuple[str, ...]  # "8100" or "20000-20999"
+    client_ports: tuple[int, ...]  # the router port on the router host
+    client_networks: tuple[str, ...]
+    admin_networks: tuple[str, ...] = ()  # also reach the PD ports (monitoring, the controller's smoke and bench)
+
+
+@dataclass(frozen=True)
 class Host:
     name: str
     in_cluster: bool  # a PD host (group pd_cluster); other hosts get only the host layer
@@ -92,6 +105,7 @@ class Host:
     rails: tuple[Rail, ...] = ()
     instances: tuple[Instance, ...] = ()
     router: Router | None = None
+    firewall: Firewall | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,12 @@ class Cluster:
     slo: dict[str, Any]
     hosts: tuple[Host, ...]
     routers: tuple[Router, ...]
+    # Fault tolerance and least privilege (docs/reliability.md, docs/security.md).
+    kv_load_failure_policy: str = "fail"  # vLLM's kv_transfer_config: fail | recompute
+    service_user: str = "pdinfra"  # the unprivileged user every pdinfra unit runs as
+    api_key_required: bool = False  # clients (router) and the router's PD hops (instances) present a key
+    kv_port_range: str = "20000-20999"  # UCX_TCP_PORT_RANGE: where UCX's TCP listeners bind
+    firewall: bool = True
     secrets: Secrets = field(default_factory=Secrets, compare=False, repr=False)
 
     # ------------------------------------------------------------------ lookups
@@ -178,7 +198,11 @@ class Cluster:
                 for i in h.get("instances", [])
             )
             rails = tuple(Rail(**r) for r in h.get("rails", []))
-            hosts.append(Host(**{**h, "instances": insts, "rails": rails, "router": router(h.get("router"))}))
+            fw = h.get("firewall")
+            fw_obj = Firewall(**{k: tuple(v) if isinstance(v, list) else v for k, v in fw.items()}) if fw else None
+            hosts.append(
+                Host(**{**h, "instances": insts, "rails": rails, "router": router(h.get("router")), "firewall": fw_obj})
+            )
         return cls(
             profile=data["profile"],
             connector=data["connector"],
@@ -192,6 +216,11 @@ class Cluster:
             slo=dict(data.get("slo") or {}),
             hosts=tuple(hosts),
             routers=tuple(r for r in (router(x) for x in data.get("routers", [])) if r),
+            kv_load_failure_policy=data.get("kv_load_failure_policy", "fail"),
+            service_user=data.get("service_user", "pdinfra"),
+            api_key_required=bool(data.get("api_key_required", False)),
+            kv_port_range=data.get("kv_port_range", "20000-20999"),
+            firewall=bool(data.get("firewall", True)),
         )
 
     @classmethod

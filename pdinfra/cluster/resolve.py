@@ -18,7 +18,7 @@ from typing import Any
 
 from pdinfra.cluster import kvshape, profiles, schema
 from pdinfra.cluster.expect import Expect
-from pdinfra.cluster.model import Cluster, Host, Instance, Model, Rail, Router, Secrets
+from pdinfra.cluster.model import Cluster, Firewall, Host, Instance, Model, Rail, Router, Secrets
 from pdinfra.cluster.schema import PDINFRA, Var
 from pdinfra.cluster.slo import SLO
 
@@ -334,11 +334,24 @@ def resolve(
             slo = SLO.from_dict(slo_raw).to_dict()
         except (TypeError, ValueError) as exc:
             ck.add("pdinfra_slo", str(exc).removeprefix("pdinfra_slo: ").removeprefix("pdinfra_slo."))
-    api_key = cluster_value(PDINFRA["pdinfra_api_key"]) or ""
-    if api_key and routers:
-        ck.add("pdinfra_api_key", "vllm-router 0.1.17 in PD mode does not send an API key to the instances (they "
-               "answer its /v1/completions with 401), so instances behind the router cannot require one; leave it "
-               "empty and keep the instance ports on the cluster network")  # fmt: skip
+    api_key = _api_key(ck, cluster_value(PDINFRA["pdinfra_api_key"]) or "",
+                       cluster_value(PDINFRA["pdinfra_api_key_file"]) or "")  # fmt: skip
+    kv_policy = cluster_value(PDINFRA["pdinfra_kv_load_failure_policy"]) or "fail"
+    service_user = str(cluster_value(PDINFRA["pdinfra_service_user"]) or "pdinfra")
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", service_user) or service_user == "root":
+        ck.add("pdinfra_service_user", f"{service_user!r} must be an unprivileged system user name (lower case, "
+               "not root)")  # fmt: skip
+    firewall = bool(cluster_value(PDINFRA["pdinfra_firewall"]))
+    client_networks = _networks(ck, cluster_value(PDINFRA["pdinfra_client_networks"]), "pdinfra_client_networks")
+    admin_networks = _networks(ck, cluster_value(PDINFRA["pdinfra_admin_networks"]), "pdinfra_admin_networks",
+                               empty_ok=True)  # fmt: skip
+    port_range = str(cluster_value(PDINFRA["pdinfra_kv_port_range"]))
+    ephemeral = str(cluster_value(PDINFRA["pdinfra_firewall_ephemeral_ports"]))
+    m_range = _port_range(ck, "pdinfra_kv_port_range", port_range, "20000-20999")
+    m_eph = _port_range(ck, "pdinfra_firewall_ephemeral_ports", ephemeral, "32768-60999")
+    if m_range and m_eph and not (m_range[1] < m_eph[0] or m_eph[1] < m_range[0]):
+        ck.add("pdinfra_kv_port_range", f"{port_range} overlaps pdinfra_firewall_ephemeral_ports {ephemeral}: UCX "
+               "would compete with the kernel's ephemeral ports; choose a range below it")  # fmt: skip
 
     # ---------------------------------------------------------------- hosts, addresses, instances
     addresses: dict[str, str] = {}
@@ -411,15 +424,108 @@ def resolve(
     hosts = [
         Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)}) for h in hosts
     ]
+    if m_range and m_eph and firewall:
+        hosts = _firewalls(ck, hosts, [m_range, m_eph], client_networks, admin_networks)
 
     if ck.problems or (model is None and serving):
         return Resolution(None, ck.problems)
     cluster = Cluster(
         profile=profile, connector=connector, layout=layout, block_size=int(block), dtype=dtype,
         max_model_len=int(max_model_len), kv_lease_duration=int(lease), venv=str(venv), model=model, slo=slo,
-        hosts=tuple(hosts), routers=tuple(router_objs), secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
+        hosts=tuple(hosts), routers=tuple(router_objs), kv_load_failure_policy=str(kv_policy),
+        service_user=service_user, api_key_required=bool(api_key), kv_port_range=port_range, firewall=firewall,
+        secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
     )  # fmt: skip
     return Resolution(cluster, [])
+
+
+def _api_key(ck: _Checker, key: str, key_file: str) -> str:
+    """The API key from ``pdinfra_api_key`` or ``pdinfra_api_key_file`` (never both; the file private)."""
+    if key and key_file:
+        ck.add("pdinfra_api_key_file", "is set together with pdinfra_api_key: give the key one way")
+        return key
+    if not key_file:
+        key = str(key)
+    else:
+        path = Path(str(key_file)).expanduser()
+        try:
+            mode = path.stat().st_mode
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            ck.add("pdinfra_api_key_file", f"{key_file}: cannot read it on the controller ({exc.strerror})")
+            return ""
+        if mode & 0o077:
+            ck.add("pdinfra_api_key_file", f"{key_file} is readable by group or others (mode {mode & 0o777:o}); "
+                   "chmod 600 it")  # fmt: skip
+        key = lines[0].strip() if lines else ""
+        if not key:
+            ck.add("pdinfra_api_key_file", f"{key_file}: its first line is empty")
+    if key and (len(key) < 16 or any(c.isspace() or ord(c) < 33 for c in key)):
+        ck.add("pdinfra_api_key_file" if key_file else "pdinfra_api_key",
+               "must be at least 16 printable characters without spaces (value not shown: it is a secret)")  # fmt: skip
+    return key
+
+
+def _networks(ck: _Checker, raw: Any, var: str, empty_ok: bool = False) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not (raw or empty_ok):
+        ck.add(var, f"must be a non-empty list of networks (CIDR), not {_show(raw)}")
+        return ()
+    out = []
+    for i, net in enumerate(raw):
+        try:
+            n = ipaddress.ip_network(str(net), strict=True)
+            if n.version != 4:
+                raise ValueError("IPv6")
+            out.append(str(n))
+        except ValueError as exc:
+            ck.add(f"{var}[{i}]", f"{_show(net)} is not an IPv4 network such as 198.18.0.0/15 "
+                   f"({exc})")  # fmt: skip
+    return tuple(out)
+
+
+def _port_range(ck: _Checker, var: str, text: str, example: str) -> tuple[int, int] | None:
+    m = re.fullmatch(r"(\d+)-(\d+)", text)
+    if not m or not (1024 <= int(m[1]) <= int(m[2]) <= 65535):
+        ck.add(var, f"{text!r} must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535 (e.g. {example})")
+        return None
+    return int(m[1]), int(m[2])
+
+
+def _firewalls(
+    ck: _Checker, hosts: list[Host], ranges: list[tuple[int, int]], client_networks: tuple[str, ...],
+    admin_networks: tuple[str, ...],
+) -> list[Host]:  # fmt: skip
+    """Each PD host's firewall: the PD ports (service ports, UCX's range, the ephemeral range) from the cluster's
+    own addresses and the admin networks, the router port from clients."""
+    peers = tuple(dict.fromkeys(h.address for h in hosts if h.in_cluster and h.address))
+    kv = ranges[0]
+    out = []
+    for h in hosts:
+        if not h.in_cluster or not h.address:
+            out.append(h)
+            continue
+        spans: list[tuple[int, int]] = []
+        for inst in h.instances:
+            spans.append((inst.port, inst.port))
+            spans.append((inst.side_channel_port, inst.side_channel_port + max(inst.tp, 1) - 1))
+        client: tuple[int, ...] = ()
+        if h.router is not None:
+            spans.append((h.router.metrics_port, h.router.metrics_port))
+            client = (h.router.port,)
+        for lo, hi in spans:
+            if kv[0] <= hi and lo <= kv[1]:
+                ck.add("pdinfra_kv_port_range", f"{kv[0]}-{kv[1]} contains port {lo} of this host's services; "
+                       "choose a range apart from instance, side-channel and router ports", h.name)  # fmt: skip
+        merged: list[list[int]] = []
+        for lo, hi in sorted(spans + ranges):  # nftables refuses overlapping elements: merge them
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        ports = tuple(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in merged)
+        fw = Firewall(peers, ports, client, client_networks, admin_networks)
+        out.append(dataclasses.replace(h, firewall=fw))
+    return out
 
 
 def _host_value(ck: _Checker, hv: dict[str, Any], host: str, name: str) -> Any:
@@ -637,6 +743,9 @@ def _check_ports(ck: _Checker, hv: dict[str, Any], host: str, instances: list[In
         mp = _role_value(hv, "pd_router_prometheus_port")
         if str(mp).isdigit():
             claim(int(mp), "pd_router_prometheus_port (router metrics)", "pd_router_prometheus_port")
+        bp = _role_value(hv, "pd_router_backend_port")
+        if str(bp).isdigit():
+            claim(int(bp), "pd_router_backend_port (vllm-router behind the gateway)", "pd_router_backend_port")
     for inst in instances:
         claim(inst.port, f"{inst.var}.port ({inst.name} HTTP)", f"{inst.var}.port")
         # vLLM uses base + dp_rank (older builds base + tp_rank): keep a range per instance.

@@ -131,8 +131,28 @@ PDINFRA_VARS: tuple[Var, ...] = (
     _f("pdinfra_model", "dict", "The model every instance serves.", required=True, fields=MODEL_FIELDS),
     _f("pdinfra_venv", "str", "The serving virtual environment on every node.", default="/opt/pdinfra/venv"),
     _f("pdinfra_router_port", "port", "The router's client-facing port.", default=8000, scope="router"),
-    _f("pdinfra_api_key", "str", "API key for the instances (refused while vllm-router fronts them).", default="",
-       secret=True),
+    _f("pdinfra_api_key", "str", "API key clients must present to the router; the instances require it too and the "
+       "router's PD hops send it (from the router's environment). Keep it in ansible-vault; never logged, written only "
+       "to root-only files. Empty: no key.", default="", secret=True),
+    _f("pdinfra_api_key_file", "str", "A file on the controller whose first line is the API key (instead of "
+       "`pdinfra_api_key`; it must not be readable by group or others).", default=""),
+    _f("pdinfra_kv_load_failure_policy", "str", "What a decode instance does when it cannot read a request's KV "
+       "(prefill died, link cut): `fail` returns an error for that request (vLLM's and llm-d's default); `recompute` "
+       "redoes the prefill on the decode instance.", default="fail", choices=("fail", "recompute")),
+    _f("pdinfra_service_user", "str", "Unprivileged system user every pdinfra unit (instances, router, probe) runs "
+       "as.", default="pdinfra"),
+    _f("pdinfra_firewall", "bool", "Render an nftables table that lets the PD ports (instances, NIXL side channels, "
+       "UCX listeners, router metrics) in only from cluster peers and the router port only from "
+       "`pdinfra_client_networks`; other ports are left alone.", default=True),
+    _f("pdinfra_client_networks", "list", "Networks (CIDR) allowed to reach the router port.", default=["0.0.0.0/0"]),
+    _f("pdinfra_admin_networks", "list", "Networks (CIDR) besides the cluster's own addresses allowed to reach the PD "
+       "ports: the Prometheus server, the controller that runs smoke and bench.", default=[]),
+    _f("pdinfra_firewall_ephemeral_ports", "str", "The nodes' ephemeral port range (Linux's default "
+       "`net.ipv4.ip_local_port_range`): torch.distributed's gloo groups and other helpers of vLLM listen there on "
+       "random ports, so new connections to it are accepted only from cluster peers and admin networks.",
+       default="32768-60999"),
+    _f("pdinfra_kv_port_range", "str", "Port range UCX's TCP listeners bind in (`UCX_TCP_PORT_RANGE`), opened to "
+       "cluster peers only.", default="20000-20999"),
     _f("pdinfra_slo", "dict", "Service-level objectives for `pdinfra bench` (ms).", default={}, fields=SLO_FIELDS),
     _f("pdinfra_address", "cidr", "The node's serving address with prefix length (e.g. 198.18.0.11/24); NIXL "
        "advertises it.", required=True, scope="host"),
@@ -145,9 +165,19 @@ PDINFRA_VARS: tuple[Var, ...] = (
 )  # fmt: skip
 
 # Roles whose variables the schema takes from meta/argument_specs.yml and defaults/main.yml.
-ROLES = ("preflight", "nvidia_driver", "rdma_roce", "ucx", "pd_runtime", "pd_model", "vllm_instance", "pd_router")
+ROLES = (
+    "preflight",
+    "nvidia_driver",
+    "rdma_roce",
+    "ucx",
+    "pd_runtime",
+    "pd_firewall",
+    "pd_model",
+    "vllm_instance",
+    "pd_router",
+)
 ROLE_PREFIXES = {"preflight": "preflight_", "nvidia_driver": "nvidia_driver_", "rdma_roce": "rdma_roce_",
-                 "ucx": "ucx_", "pd_runtime": "pd_runtime_", "pd_model": "pd_model_",
+                 "ucx": "ucx_", "pd_runtime": "pd_runtime_", "pd_firewall": "pd_firewall_", "pd_model": "pd_model_",
                  "vllm_instance": "vllm_instance_", "pd_router": "pd_router_"}  # fmt: skip
 # Ranges and patterns the roles enforce in tasks/validate.yml, checked before any host is touched.
 ROLE_RANGES: dict[str, tuple[int, int]] = {
@@ -162,8 +192,16 @@ ROLE_RANGES: dict[str, tuple[int, int]] = {
     "nvidia_driver_fabric_wait": (0, 3600),
     "nvidia_driver_reboot_timeout": (60, 7200),
     "pd_router_prometheus_port": (1, 65535),
+    "pd_router_backend_port": (1, 65535),
     "pd_router_request_timeout_s": (1, 86400),
     "pd_router_health_timeout_s": (1, 3600),
+    "pd_router_health_check_interval_s": (1, 3600),
+    "pd_router_health_check_timeout_s": (1, 3600),
+    "pd_router_health_failure_threshold": (1, 100),
+    "pd_router_health_success_threshold": (1, 100),
+    "pd_router_probe_interval_s": (5, 86400),
+    "pd_router_probe_timeout_s": (1, 3600),
+    "vllm_instance_roll_probe_timeout_s": (5, 7200),
     "vllm_instance_health_timeout_s": (1, 7200),
     "vllm_instance_cpu_kvcache_gib": (1, 4096),
     "vllm_instance_nixl_pthr_delay_us": (0, 1_000_000),
@@ -175,7 +213,7 @@ ROLE_PATTERNS: dict[str, tuple[str, str]] = {
 }
 # Role variables that are derived from the cluster model (the roles read pdinfra_node / pdinfra_cluster);
 # setting them in the inventory would bypass the model, so resolve refuses them.
-DERIVED_ROLE_VARS = ("vllm_instance_list",)
+DERIVED_ROLE_VARS = ("vllm_instance_list", "pd_firewall_rules", "vllm_instance_runtime_id")
 
 
 @dataclass(frozen=True)

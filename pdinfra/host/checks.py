@@ -1033,6 +1033,33 @@ def serving_health(facts: Facts, expect: Expect) -> Outcome:
     return ok(", ".join(f"{i.get('name')}:{i.get('port')} ok" for i in instances))
 
 
+@check("serving.deep_health", "The deep-health probe's last PD request moved KV over every path, recently", "serving")
+def serving_deep_health(facts: Facts, expect: Expect) -> Outcome:
+    dh = facts.get("deep_health") or {}
+    if not dh.get("deployed"):
+        return na("no deep-health probe on this host (pdinfra-probe.timer runs on the router node)")
+    remedy_run = "Run it now: `systemctl start pdinfra-probe.service`, then read /var/lib/pdinfra/probe/last.json."
+    if dh.get("error"):
+        return fail(str(dh["error"]), remedy_run)
+    last = dh.get("last")
+    if not last:
+        return fail("pdinfra-probe.timer is installed but the probe has no result yet", remedy_run)
+    interval = dh.get("interval_s") or 30
+    age = dh.get("age_s")
+    if isinstance(age, (int, float)) and age > 3 * interval + 60:
+        return fail(f"the last probe ran {age:.0f} s ago (every {interval} s expected): the timer is not running",
+                     "Check `systemctl status pdinfra-probe.timer pdinfra-probe.service`.")  # fmt: skip
+    paths = [p for p in last.get("paths") or [] if isinstance(p, dict)]
+    if not paths:
+        return fail("the last probe result lists no path", remedy_run)
+    bad = [f"{p.get('path')}: {p.get('evidence')}" for p in paths if not p.get("ok")]
+    when = f" ({age:.0f} s ago)" if isinstance(age, (int, float)) else ""
+    if bad or not last.get("ok"):
+        return fail(_join(bad) + when, "A path whose /health is fine but whose PD request fails is the stale NIXL/UCX "
+                    "state of docs/reliability.md: restart the instances of that pair (the decode first).")  # fmt: skip
+    return ok(_join(f"{p.get('path')} {float(p.get('seconds') or 0):.2f} s" for p in paths) + when)
+
+
 def pd_consistency_problems(instances: list[dict[str, Any]], pd_hosts: int) -> list[str]:
     problems = []
     for key in PD_CONSISTENT_KEYS:

@@ -22,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -850,9 +851,9 @@ def ucx(host: Host) -> dict[str, Any]:
 # --------------------------------------------------------------------------- serving instances, expectations
 
 
-def _probe(port: int) -> str:
+def _probe(port: int, host: str = "127.0.0.1") -> str:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=HEALTH_TIMEOUT_S) as resp:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=HEALTH_TIMEOUT_S) as resp:
             return "ok" if resp.status == 200 else f"HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"
@@ -883,7 +884,8 @@ def instances(host: Host) -> list[dict[str, Any]]:
         if not isinstance(port, int):
             inst["health"] = "no port"
         elif host.live:
-            inst["health"] = _probe(port)
+            # Instances listen on the node's cluster address (older deployments on 0.0.0.0: loopback works too).
+            inst["health"] = _probe(port, str(inst.get("side_channel_host") or "127.0.0.1"))
         else:
             status = recorded.get(str(port))
             inst["health"] = (
@@ -897,6 +899,32 @@ def instances(host: Host) -> list[dict[str, Any]]:
             )
         result.append(inst)
     return result
+
+
+PROBE_DIR = "var/lib/pdinfra/probe"
+PROBE_TIMER = "etc/systemd/system/pdinfra-probe.timer"
+
+
+def deep_health(host: Host) -> dict[str, Any]:
+    """The deep-health probe's last result on this node (pdinfra.serving.probe, run by pdinfra-probe.timer)."""
+    timer = host.read(PROBE_TIMER)
+    if timer is None:
+        return {"deployed": False}
+    m = re.search(r"^OnUnitActiveSec=(\d+)s?\s*$", timer, re.M)
+    out: dict[str, Any] = {"deployed": True, "interval_s": int(m.group(1)) if m else None, "last": None}
+    text = host.read(f"{PROBE_DIR}/last.json")
+    if text is None:
+        return out
+    try:
+        last = json.loads(text)
+        if not isinstance(last, dict) or not isinstance(last.get("paths"), list):
+            raise ValueError("not a probe result")
+    except ValueError as exc:
+        return out | {"error": f"/{PROBE_DIR}/last.json: {_err(exc)}"}
+    out["last"] = last
+    if host.live and isinstance(last.get("started"), (int, float)):
+        out["age_s"] = round(time.time() - float(last["started"]), 1)
+    return out
 
 
 def declared_expect(host: Host) -> dict[str, Any] | None:
@@ -957,6 +985,7 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
         "ucx": section("ucx", lambda: ucx(host), {"available": False, "transports": {}}),
         "instances": section("instances", lambda: instances(host), []),
         "expect": section("expect", lambda: declared_expect(host), None),
+        "deep_health": section("deep_health", lambda: deep_health(host), {"deployed": False}),
         "errors": errors,
     }
 

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import ipaddress
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -34,7 +35,7 @@ MIRROR = os.environ.get("PDINFRA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # What a node needs before Ansible can manage it and vLLM's CPU build can run in it.
 BASE_PACKAGES = (
     "systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,python3-packaging,libnuma1,openssh-server,"
-    "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less"
+    "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less,nftables,nginx-light"
 )
 BRIDGE = "pdbr0"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
@@ -188,6 +189,8 @@ def _prepare_base(root: Path) -> None:
     for unit in ("getty@tty1.service", "console-getty.service"):
         _quiet(["systemctl", f"--root={root}", "mask", unit])
     _quiet(["systemctl", f"--root={root}", "enable", "ssh.service"])
+    # The distribution's nginx (port 80, as root) is not used: pdinfra runs its own API gateway unit.
+    _quiet(["systemctl", f"--root={root}", "disable", "nginx.service"])
     apt_conf = root / "etc/apt/apt.conf.d/99pdinfra"
     apt_conf.write_text('Acquire::Retries "0";\nAPT::Install-Recommends "false";\n')
     _quiet(["chroot", str(root), "apt-get", "clean"])
@@ -199,6 +202,17 @@ def ssh_key() -> Path:
     if not key.exists():
         key.parent.mkdir(parents=True, exist_ok=True)
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "pdinfra-testhosts", "-f", str(key)])
+    return key
+
+
+def api_key_file() -> Path:
+    """The local cluster's API key (inventory/local reads it through pdinfra_api_key_file): random, root-only."""
+    key = paths.state_dir() / "testhosts" / "api.key"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32) + "\n")
     return key
 
 
@@ -336,6 +350,9 @@ def _boot(host: TestHost, root: Path) -> int:
         "systemd-nspawn", "-D", str(root), "-M", host.name, "--boot", "--register=no", "--keep-unit",
         "--console=passive", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
         f"--network-namespace-path=/run/netns/{host.netns}",
+        # nftables in the node's own network namespace (the pd_firewall role); nspawn grants CAP_NET_ADMIN only
+        # with --private-network, not with a namespace path.
+        "--capability=CAP_NET_ADMIN",
     ]  # fmt: skip
     log = open(sd / "console.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
@@ -420,6 +437,7 @@ def create(hosts: list[TestHost], progress: Progress | None = None) -> None:
     require_tools()
     base = ensure_base(progress)
     key = ssh_key()
+    api_key_file()
     pubkey = key.with_suffix(".pub").read_text()
     for host in hosts:
         _setup_bridge(host)

@@ -3,8 +3,9 @@
     pytest tests/conformance --hosts=ansible://pd_cluster --ansible-inventory=inventory/<yours>/hosts.yml
 
 Every host of the PD cluster must have: the serving venv with the pinned vLLM/NIXL/router,
-each declared vLLM instance as an enabled, running systemd unit listening on its port, the
-instance descriptor and a private environment file, the router on router hosts, and no
+each declared vLLM instance as an enabled, running systemd unit listening on its port on the node's
+cluster address, run by the unprivileged service user, the instance descriptor and a private environment
+file, the pdinfra firewall table, the router and the deep-health probe timer on router hosts, and no
 failing verdict from `pdinfra validate` on the host itself.
 """
 
@@ -53,7 +54,9 @@ def test_every_instance_is_an_enabled_running_unit_on_its_port(host, hv):
     for inst in _instances(hv):
         unit = host.service(f"pdinfra-vllm-{inst['name']}")
         assert unit.is_enabled and unit.is_running, inst["name"]
-        assert host.socket(f"tcp://0.0.0.0:{inst['port']}").is_listening, inst["port"]
+        address = str(hv["pdinfra_address"]).split("/")[0]
+        assert host.socket(f"tcp://{address}:{inst['port']}").is_listening, inst["port"]
+        assert not host.socket(f"tcp://0.0.0.0:{inst['port']}").is_listening, "binds every address"
 
 
 def test_instance_descriptor_and_private_environment(host, hv):
@@ -79,7 +82,8 @@ def test_ucx_environment_for_the_serving_units(host):
 def test_units_restart_on_failure(host, hv):
     for inst in _instances(hv):
         unit = host.file(f"/etc/systemd/system/pdinfra-vllm-{inst['name']}.service").content_string
-        assert "Restart=on-failure" in unit
+        assert "Restart=always" in unit or "Restart=on-failure" in unit
+        assert "User=pdinfra" in unit and "NoNewPrivileges=yes" in unit and "ProtectSystem=strict" in unit
         if hv.get("pdinfra_layout", "pd") == "pd":
             assert '"kv_connector": "NixlConnector"' in unit
 
@@ -100,3 +104,21 @@ def test_validator_reports_no_failure_on_the_host(host):
     assert res.rc == 0, res.stdout[-2000:] + res.stderr[-2000:]
     checks = json.loads(res.stdout)  # `pdinfra validate --json`: a list of check results
     assert checks and not [c for c in checks if c.get("verdict") == "fail"]
+
+
+def test_firewall_table_is_loaded(host, hv):
+    if hv.get("pdinfra_firewall", True) in (False, "false"):
+        pytest.skip("pdinfra_firewall is false")
+    assert host.service("pdinfra-firewall").is_enabled
+    with host.sudo():
+        table = host.check_output("nft list table inet pdinfra")
+    assert "set peers" in table and "drop" in table
+
+
+def test_probe_timer_and_private_client_key_on_router_hosts(host, hv):
+    if host.backend.get_hostname() not in hv.get("groups", {}).get("router", []):
+        pytest.skip("not a router host")
+    assert host.service("pdinfra-probe.timer").is_running
+    for name in ("/etc/pdinfra/router.env", "/etc/pdinfra/client.env"):
+        f = host.file(name)
+        assert f.mode == 0o600 and f.user == "root", name

@@ -192,6 +192,32 @@ def test_secrets_never_serialised():
     assert c.secrets.hf_token == "hf_SECRET" and "hf_SECRET" not in json.dumps(c.to_dict())
 
 
+def test_api_key_from_a_private_file_is_a_secret_and_required(tmp_path):
+    key = tmp_path / "api.key"
+    key.write_text("k3y-0123456789abcdef\n")
+    key.chmod(0o600)
+    hv = copy.deepcopy(CPU)
+    for h in hv.values():
+        h["pdinfra_api_key_file"] = str(key)
+    c = resolved(hv).cluster
+    assert c.secrets.api_key == "k3y-0123456789abcdef" and c.api_key_required
+    assert "k3y-0123456789abcdef" not in json.dumps(c.to_dict())
+    assert not resolved().cluster.api_key_required
+
+
+def test_firewall_lets_peers_reach_pd_ports_and_clients_only_the_router():
+    c = resolved().cluster
+    n1, n2 = c.host("node1").firewall, c.host("node2").firewall
+    assert n1.peers == n2.peers == ("198.18.0.11", "198.18.0.12")
+    assert n1.peer_ports == ("5600", "8100", "20000-20999", "29000", "32768-60999") and n1.client_ports == (8000,)
+    assert n2.peer_ports == ("5610", "8200", "20000-20999", "32768-60999") and n2.client_ports == ()
+    assert n1.client_networks == ("0.0.0.0/0",) and n1.admin_networks == ()
+    hv = copy.deepcopy(CPU)
+    for h in hv.values():
+        h["pdinfra_firewall"] = False
+    assert resolved(hv).cluster.host("node1").firewall is None
+
+
 def test_extra_vars_given_as_strings_are_typed():
     hv = copy.deepcopy(CPU)
     for h in hv.values():
@@ -260,7 +286,19 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("lease negative", CPU, _set_all("pdinfra_kv_lease_duration", -1), "pdinfra_kv_lease_duration: must be an integer in 1..86400, not -1"),
     ("profile differs between hosts", CPU, _host("node2", "pdinfra_profile", "gpu"), "pdinfra_profile: differs between hosts"),
     ("block size differs between hosts", CPU, _host("node2", "pdinfra_block_size", 64), "pdinfra_block_size: differs between hosts"),
-    ("api key behind router", CPU, _set_all("pdinfra_api_key", "k"), "pdinfra_api_key: vllm-router 0.1.17 in PD mode"),
+    ("api key too short", CPU, _set_all("pdinfra_api_key", "k"), "pdinfra_api_key: must be at least 16 printable characters without spaces (value not shown"),
+    ("api key and key file", CPU, lambda hv: [h.update(pdinfra_api_key="k" * 20, pdinfra_api_key_file="/etc/hostname") for h in hv.values()], "pdinfra_api_key_file: is set together with pdinfra_api_key"),
+    ("api key file missing", CPU, _set_all("pdinfra_api_key_file", "/nonexistent/key"), "pdinfra_api_key_file: /nonexistent/key: cannot read it on the controller (No such file or directory)"),
+    ("api key file readable by others", CPU, _set_all("pdinfra_api_key_file", "/etc/hostname"), "pdinfra_api_key_file: /etc/hostname is readable by group or others (mode "),
+    ("kv load failure policy", CPU, _set_all("pdinfra_kv_load_failure_policy", "retry"), "pdinfra_kv_load_failure_policy: must be one of fail, recompute, not 'retry'"),
+    ("service user root", CPU, _set_all("pdinfra_service_user", "root"), "pdinfra_service_user: 'root' must be an unprivileged system user name"),
+    ("client network not a network", CPU, _set_all("pdinfra_client_networks", ["198.18.0.1/15"]), "pdinfra_client_networks[0]: '198.18.0.1/15' is not an IPv4 network such as 198.18.0.0/15 (198.18.0.1/15 has host bits set)"),
+    ("admin network not IPv4", CPU, _set_all("pdinfra_admin_networks", ["2001:db8::/32"]), "pdinfra_admin_networks[0]: '2001:db8::/32' is not an IPv4 network"),
+    ("client networks empty", CPU, _set_all("pdinfra_client_networks", []), "pdinfra_client_networks: must be a non-empty list of networks (CIDR), not []"),
+    ("kv port range reversed", CPU, _set_all("pdinfra_kv_port_range", "30000-20000"), "pdinfra_kv_port_range: '30000-20000' must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535"),
+    ("kv port range inside the ephemeral ports", CPU, _set_all("pdinfra_kv_port_range", "40000-40999"), "pdinfra_kv_port_range: 40000-40999 overlaps pdinfra_firewall_ephemeral_ports 32768-60999"),
+    ("ephemeral ports malformed", CPU, _set_all("pdinfra_firewall_ephemeral_ports", "32768:60999"), "pdinfra_firewall_ephemeral_ports: '32768:60999' must be LOW-HIGH"),
+    ("kv port range over instance ports", CPU, _set_all("pdinfra_kv_port_range", "8000-8999"), "host node1: pdinfra_kv_port_range: 8000-8999 contains port 8100 of this host's services"),
     ("misspelt pdinfra variable", CPU, _host("node1", "pdinfra_blocksize", 64), "host node1: pdinfra_blocksize: unknown variable (did you mean pdinfra_block_size?)"),
     ("unknown pdinfra variable", CPU, _host("node2", "pdinfra_frobnicate", 1), "host node2: pdinfra_frobnicate: unknown variable"),
     ("misspelt role variable", CPU, _host("node1", "rdma_roce_mut", 9000), "host node1: rdma_roce_mut: unknown variable of role rdma_roce (did you mean rdma_roce_mtu?)"),

@@ -65,6 +65,7 @@ def test_prefill_unit_on_gpus_0_to_3_with_tp4_and_nixl_on_cuda(rendered):
     assert "--model /opt/pdinfra/models/gpt-oss-120b" in unit and "--served-model-name gpt-oss-120b" in unit
     kv = json.loads(unit.split("--kv-transfer-config '")[1].split("'")[0])
     assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
+                  "kv_load_failure_policy": "fail",
                   "kv_connector_extra_config": {"kv_lease_duration": 120}}  # fmt: skip
     assert "EnvironmentFile=-/etc/pdinfra/ucx.env" in unit
     assert "ucx-gpu" not in unit  # TP 4: the host-wide UCX file lists every rail

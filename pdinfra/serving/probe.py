@@ -1,0 +1,202 @@
+"""Deep health: a synthetic end-to-end PD request, because ``/health`` alone is not trusted.
+
+vLLM's ``/health`` and the router's view of it can say "healthy" while PD is broken (stale NIXL/UCX state after a
+peer restart, a decode stuck waiting for remote KV: docs/reliability.md). The probe proves the path works:
+
+* **router**: a one-token greedy completion through the router, with the client's API key; it must answer and a
+  decode instance's NIXL transfer counter must grow (the KV really moved);
+* **every prefill -> decode pair**, bypassing the router with the router's own protocol (the prefill request with
+  ``kv_transfer_params.do_remote_decode``, then the decode request with the parameters the prefill returned), so a
+  broken pair is named even while the router routes around it.
+
+The ``pdinfra-probe.timer`` runs it periodically on the router node (``pd_router`` role). Each run writes
+``last.json`` (read by ``pdinfra validate``'s ``serving.deep_health`` check) and ``pdinfra_probe.prom`` (the node
+exporter's textfile format) into ``--out``. Every request has a bounded timeout; the exit status is 0 only when
+every path passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdinfra.cluster.model import NODE_FILE, Cluster
+from pdinfra.serving import smoke
+
+STATE_DIR = "/var/lib/pdinfra/probe"
+SCHEMA = "pdinfra-probe/1"
+# Long enough to fill more than one KV block of any deployed block size up to 64 tokens; unique per run so no
+# prefix cache on the decode side can answer it without a transfer.
+_FILLER = " ".join(f"w{i}" for i in range(48))
+
+
+@dataclass
+class PathResult:
+    path: str  # "router" or "prefill0->decode1"
+    ok: bool
+    seconds: float
+    evidence: str
+
+
+@dataclass
+class ProbeResult:
+    started: float  # unix time
+    paths: list[PathResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.paths) and all(p.ok for p in self.paths)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "ok": self.ok, "started": self.started, "paths": [asdict(p) for p in self.paths]}
+
+
+def _prompt() -> str:
+    return f"pdinfra deep-health probe {uuid.uuid4().hex}: {_FILLER}"
+
+
+def _transfers(url: str, timeout: float) -> tuple[float, float]:
+    vals = smoke.parse_metrics(smoke.get_text(url.rstrip("/") + "/metrics", timeout=timeout))
+    return smoke.metric(vals, *smoke.XFER_COUNT), smoke.metric(vals, *smoke.XFER_FAILED)
+
+
+def _delta(before: dict[str, tuple[float, float]], urls: list[str], timeout: float) -> tuple[float, float]:
+    count = failed = 0.0
+    for u in urls:
+        c, f = _transfers(u, timeout)
+        count += c - before[u][0]
+        failed += f - before[u][1]
+    return count, failed
+
+
+def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
+    decodes = [i.url for i in cluster.by_role("decode")]
+    body = {"model": cluster.model.name, "prompt": _prompt(), "max_tokens": 1, "temperature": 0}
+    t0 = time.monotonic()
+    try:
+        before = {u: _transfers(u, timeout) for u in decodes}
+        out = smoke.post_json(cluster.router.url + "/v1/completions", body, api_key, timeout)
+        tokens = out.get("usage", {}).get("completion_tokens", 0)
+        count, failed = _delta(before, decodes, timeout) if cluster.layout == "pd" else (1.0, 0.0)
+    except (OSError, ValueError, KeyError) as exc:  # URLError, HTTPError, resets and timeouts are OSErrors
+        return PathResult("router", False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
+    ok = tokens >= 1 and count >= 1 and failed == 0
+    why = f"{tokens} token(s); decode NIXL transfers +{count:.0f}, failed +{failed:.0f}"
+    if cluster.layout == "pd" and count < 1:
+        why += " (the router answered but no KV moved: PD is not working)"
+    return PathResult("router", ok, round(time.monotonic() - t0, 3), why)
+
+
+def probe_pair(cluster: Cluster, prefill_url: str, decode_url: str, name: str, api_key: str,
+               timeout: float) -> PathResult:  # fmt: skip
+    """One P->D pair with the router's own two-step protocol (vllm-router's vllm_pd_router.rs)."""
+    prompt = _prompt()
+    t0 = time.monotonic()
+    try:
+        before = {decode_url: _transfers(decode_url, timeout)}
+        pre = smoke.post_json(
+            prefill_url + "/v1/completions",
+            {"model": cluster.model.name, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": False,
+             "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                                    "remote_block_ids": None, "remote_host": None, "remote_port": None}},
+            api_key, timeout,
+        )  # fmt: skip
+        params = pre.get("kv_transfer_params")
+        if not params:
+            return PathResult(name, False, round(time.monotonic() - t0, 3),
+                              "the prefill instance returned no kv_transfer_params (is it a kv_producer?)")  # fmt: skip
+        out = smoke.post_json(
+            decode_url + "/v1/completions",
+            {"model": cluster.model.name, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+             "kv_transfer_params": params},
+            api_key, timeout,
+        )  # fmt: skip
+        tokens = out.get("usage", {}).get("completion_tokens", 0)
+        count, failed = _delta(before, [decode_url], timeout)
+    except (OSError, ValueError, KeyError) as exc:
+        return PathResult(name, False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
+    ok = tokens >= 1 and count >= 1 and failed == 0
+    return PathResult(name, ok, round(time.monotonic() - t0, 3),
+                      f"{tokens} token(s); NIXL transfers +{count:.0f}, failed +{failed:.0f}")  # fmt: skip
+
+
+def run(cluster: Cluster, api_key: str = "", timeout: float = 20.0, pairs: bool = True,
+        instance: str | None = None) -> ProbeResult:  # fmt: skip
+    """Every path; with ``instance``, only the P->D pairs that instance belongs to (a rolling restart's check)."""
+    res = ProbeResult(started=time.time())
+    if instance is None:
+        res.paths.append(probe_router(cluster, api_key, timeout))
+    elif instance not in {i.name for i in cluster.instances}:
+        raise KeyError(f"no instance {instance!r} in the cluster; instances: "
+                       f"{', '.join(i.name for i in cluster.instances)}")  # fmt: skip
+    if pairs and cluster.layout == "pd":
+        for p in cluster.by_role("prefill"):
+            for d in cluster.by_role("decode"):
+                if instance in (None, p.name, d.name):
+                    res.paths.append(probe_pair(cluster, p.url, d.url, f"{p.name}->{d.name}", api_key, timeout))
+    return res
+
+
+def prometheus_text(res: ProbeResult) -> str:
+    """The node exporter's textfile-collector format."""
+
+    def esc(s: str) -> str:
+        return s.replace("\\", "\\\\").replace('"', '\\"')
+
+    lines = [
+        "# HELP pdinfra_probe_success 1 when the synthetic PD request over this path passed (KV moved).",
+        "# TYPE pdinfra_probe_success gauge",
+        *(f'pdinfra_probe_success{{path="{esc(p.path)}"}} {int(p.ok)}' for p in res.paths),
+        "# HELP pdinfra_probe_duration_seconds Seconds the synthetic request over this path took.",
+        "# TYPE pdinfra_probe_duration_seconds gauge",
+        *(f'pdinfra_probe_duration_seconds{{path="{esc(p.path)}"}} {p.seconds}' for p in res.paths),
+        "# HELP pdinfra_probe_last_run_timestamp_seconds When the probe last ran (unix time).",
+        "# TYPE pdinfra_probe_last_run_timestamp_seconds gauge",
+        f"pdinfra_probe_last_run_timestamp_seconds {res.started:.0f}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write(res: ProbeResult, out: Path) -> None:
+    """Atomically (rename) so a reader never sees half a file."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (("last.json", json.dumps(res.to_dict(), indent=1) + "\n"),
+                       ("pdinfra_probe.prom", prometheus_text(res))):  # fmt: skip
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out / name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pdinfra.serving.probe", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cluster", default=NODE_FILE, help="the node's cluster.json (default %(default)s)")
+    ap.add_argument("--out", default=STATE_DIR, help="where last.json and pdinfra_probe.prom go (default %(default)s)")
+    ap.add_argument("--timeout", type=float, default=20.0, help="seconds per HTTP request (default %(default)s)")
+    ap.add_argument("--no-pairs", action="store_true", help="only the path through the router")
+    ap.add_argument("--instance", help="only the P->D pairs of this instance (no router path)")
+    ap.add_argument("--no-write", action="store_true", help="print only; leave last.json as it is")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    cluster, _ = Cluster.load(a.cluster)
+    try:
+        res = run(cluster, os.environ.get("PDINFRA_API_KEY", ""), a.timeout, pairs=not a.no_pairs, instance=a.instance)
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    if not a.no_write:
+        write(res, Path(a.out))
+    if not a.quiet:
+        for p in res.paths:
+            print(f"{'PASS' if p.ok else 'FAIL'} {p.path} {p.seconds:.2f}s {p.evidence}")
+    return 0 if res.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,507 @@
+"""Faults, keys, closed ports and least privilege on the local cluster (1 prefill + 2 decode instances).
+
+Exercised for real: vllm-router 0.1.17 with pdinfra's health-check settings, vLLM's CPU build behind API keys,
+NIXL over UCX TCP, the nftables table of the pd_firewall role inside each node's network namespace, systemd's
+sandboxing of every unit, the deep-health probe timer. Faults are injected under a bounded load of greedy
+completions through the router: SIGKILL of a decode or the prefill instance, stopping the router, cutting node2's
+link for 5 s, restarting node2. Every fault prints the time to route around it and the time to full recovery
+(docs/reliability.md records them). Not exercised: GPUs, RDMA NICs (the same units and rules are rendered for them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, on, run
+
+from pdinfra import testhosts
+from pdinfra.testhosts import nspawn
+
+pytestmark = E2E_MARKS
+
+ROUTER = "http://198.18.0.11:8000"
+ROUTER_METRICS = "http://198.18.0.11:29000/metrics"
+INSTANCES = {"prefill0": "http://198.18.0.11:8100", "decode1": "http://198.18.0.11:8201",
+             "decode0": "http://198.18.0.12:8200"}  # fmt: skip
+MODEL = "pdinfra-tiny-llama"
+PROMPTS = [
+    "The prefill instance computes the key-value cache of the whole prompt and",
+    "A decode instance reads the blocks it needs over NIXL, then generates",
+    "When one decode instance dies, the router sends the next requests to",
+    "Bounded timeouts mean that no request through the router ever waits for",
+]
+REQUEST_TIMEOUT_S = 60  # the client's bound; a request this long counts as hung
+RESULTS = LOG_DIR / "reliability.json"
+
+
+def api_key() -> str:
+    return nspawn.api_key_file().read_text().strip()
+
+
+def post(url: str, body: dict, key: str | None, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, dict | str]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")[:300]
+
+
+def complete(url: str, prompt: str, key: str | None, max_tokens: int = 8) -> tuple[int, dict | str]:
+    return post(url + "/v1/completions",
+                {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, key)  # fmt: skip
+
+
+def get(url: str, timeout: float = 3) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def healthy(url: str) -> bool:
+    try:
+        return get(url + "/health") is not None
+    except OSError:
+        return False
+
+
+def counter(url: str, name: str) -> float:
+    try:
+        text = get(url + "/metrics")
+    except OSError:
+        return -1.0
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
+
+
+def router_health(worker_url: str) -> float | None:
+    """vllm_router_worker_health{worker=URL} (1 healthy, 0 not), None when the router does not export it."""
+    try:
+        text = get(ROUTER_METRICS)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("vllm_router_worker_health") and f'"{worker_url}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def node(cluster, name: str) -> testhosts.TestHost:
+    return next(h for h in cluster["hosts"] if h.name == name)
+
+
+# ----------------------------------------------------------------------------- load and fault timing
+@dataclass
+class Rec:
+    t0: float
+    t1: float
+    prompt: int
+    ok: bool
+    text: str = ""
+    error: str = ""
+
+
+@dataclass
+class Load:
+    """A bounded closed-loop load: ``clients`` threads, one greedy completion after another through the router."""
+
+    key: str
+    refs: list[str]
+    clients: int = 3
+    recs: list[Rec] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def _worker(self, k: int) -> None:
+        i = k
+        while not self._stop.is_set():
+            p = i % len(PROMPTS)
+            t0 = time.monotonic()
+            try:
+                status, out = complete(ROUTER, PROMPTS[p], self.key)
+                ok = status == 200 and isinstance(out, dict)
+                rec = Rec(t0, time.monotonic(), p, ok, out["choices"][0]["text"] if ok else "",
+                          "" if ok else f"HTTP {status}: {str(out)[:120]}")  # fmt: skip
+            except (OSError, ValueError, KeyError) as exc:
+                rec = Rec(t0, time.monotonic(), p, False, error=f"{type(exc).__name__}: {exc}")
+            self.recs.append(rec)
+            if not rec.ok:
+                time.sleep(0.2)  # a failing router answers at once: do not spin
+            i += 1
+
+    def __enter__(self) -> Load:
+        for k in range(self.clients):
+            t = threading.Thread(target=self._worker, args=(k,), daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=REQUEST_TIMEOUT_S + 5)
+
+
+def wait_until(pred, timeout: float, step: float = 0.25) -> float | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return time.monotonic()
+        time.sleep(step)
+    return None
+
+
+@dataclass
+class FaultReport:
+    fault: str
+    requests: int
+    failed: int
+    wrong: int
+    hung: int
+    route_around_s: float | None  # fault -> the last failure before the faulty part came back (None: no failure)
+    recovery_s: float | None  # fault -> the faulty part serving again through the router
+    detail: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        ra = "no failed request" if self.route_around_s is None else f"{self.route_around_s:.1f} s"
+        rec = "not recovered" if self.recovery_s is None else f"{self.recovery_s:.1f} s"
+        return (f"{self.fault}: {self.requests} requests, {self.failed} failed, {self.wrong} wrong, {self.hung} hung; "
+                f"routed around in {ra}; full recovery in {rec}")  # fmt: skip
+
+
+def analyse(fault: str, load: Load, t_fault: float, t_back: float | None, t_recovered: float | None,
+            detail: dict | None = None) -> FaultReport:  # fmt: skip
+    recs = sorted(load.recs, key=lambda r: r.t0)
+    wrong = [r for r in recs if r.ok and r.text != load.refs[r.prompt]]
+    hung = [r for r in recs if r.t1 - r.t0 >= REQUEST_TIMEOUT_S - 1]
+    failed = [r for r in recs if not r.ok]
+    window_end = t_back if t_back is not None else float("inf")
+    during = [r for r in failed if r.t1 >= t_fault and r.t0 <= window_end]
+    route = max(r.t1 for r in during) - t_fault if during else None
+    rep = FaultReport(fault, len(recs), len(failed), len(wrong), len(hung), route,
+                      None if t_recovered is None else t_recovered - t_fault, detail or {})  # fmt: skip
+    rep.detail.setdefault("errors", sorted({r.error.split(":")[0] for r in failed})[:5])
+    rep.detail.setdefault("failed_after_back", sum(1 for r in failed if r.t0 > window_end))
+    print("\n" + rep.line(), flush=True)
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data[fault] = rep.__dict__
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+    return rep
+
+
+@pytest.fixture(scope="module")
+def refs(cluster) -> list[str]:
+    """The greedy answer to every prompt, through the router, before any fault (and the same every time)."""
+    key = api_key()
+    out = []
+    for p in PROMPTS:
+        answers = set()
+        for _ in range(3):  # round robin: both decode instances answer
+            status, body = complete(ROUTER, p, key)
+            assert status == 200, body
+            answers.add(body["choices"][0]["text"])
+        assert len(answers) == 1, f"greedy answers differ between decode instances: {answers}"
+        out.append(answers.pop())
+    return out
+
+
+def ensure_all_healthy(timeout: float = 240) -> None:
+    for name, url in INSTANCES.items():
+        assert wait_until(lambda u=url: healthy(u), timeout), f"{name} not healthy"
+    assert wait_until(lambda: all(router_health(u) == 1.0 for u in INSTANCES.values()), 60), get(ROUTER_METRICS)
+
+
+# ----------------------------------------------------------------------------- keys
+def test_router_requires_the_client_key(cluster):
+    status, body = complete(ROUTER, PROMPTS[0], None)
+    assert status == 401, (status, body)
+    status, body = complete(ROUTER, PROMPTS[0], "not-the-key-0123456789")
+    assert status == 401, (status, body)
+    status, body = complete(ROUTER, PROMPTS[0], api_key())
+    assert status == 200 and body["choices"][0]["text"], body
+
+
+def test_instances_refuse_direct_unauthenticated_requests(cluster):
+    for name, url in INSTANCES.items():
+        status, body = complete(url, PROMPTS[0], None)
+        assert status == 401, (name, status, body)
+        assert healthy(url), f"{name}: /health must stay open for the router's health checks"
+    status, body = complete(INSTANCES["decode0"], PROMPTS[0], api_key())
+    assert status == 200, body
+
+
+def test_key_files_are_root_only_and_the_key_is_never_logged(cluster):
+    key = api_key()
+    for host in cluster["hosts"]:
+        res = on(host, "stat -c '%a %U %n' /etc/pdinfra/instances/*.env /etc/pdinfra/router.env "
+                 "/etc/pdinfra/client.env 2>/dev/null; echo; grep -rlF -- \"$(grep -h '^VLLM_API_KEY=' "
+                 "/etc/pdinfra/instances/*.env | head -1 | cut -d= -f2)\" /etc/systemd/system /etc/pdinfra/*.json "
+                 "/etc/pdinfra/instances/*.json; journalctl --no-pager | grep -cF -- "
+                 "\"$(grep -h '^VLLM_API_KEY=' /etc/pdinfra/instances/*.env | head -1 | cut -d= -f2)\"",
+                 log=f"a0-key-files-{host.name}")  # fmt: skip
+        stats = [line.split() for line in res.stdout.splitlines() if line.startswith(("600 ", "644 ", "640 "))]
+        assert stats and all(s[0] == "600" and s[1] == "root" for s in stats), res.stdout
+        assert res.stdout.strip().splitlines()[-1] == "0", f"the key is in {host.name}'s journal:\n{res.stdout}"
+        assert "/etc/systemd" not in res.stdout and ".json" not in res.stdout, res.stdout
+    logs = [*Path("out/logs").glob("*.log"), *(LOG_DIR.glob("*.log"))]
+    leaked = [str(p) for p in logs if key in p.read_text(errors="replace")]
+    assert not leaked, f"the API key appears in {leaked}"
+
+
+# ----------------------------------------------------------------------------- closed ports
+def _connects(ip: str, port: int, netns: str, timeout: float = 2.0) -> bool:
+    code = (f"import socket,sys\ns=socket.socket()\ns.settimeout({timeout})\n"
+            f"sys.exit(0 if s.connect_ex(('{ip}',{port}))==0 else 1)")  # fmt: skip
+    return subprocess.run(["ip", "netns", "exec", netns, "python3", "-c", code], timeout=timeout + 5).returncode == 0
+
+
+def test_only_the_router_port_answers_from_outside_the_cluster(cluster):
+    """A network namespace on the bridge at 198.18.0.13 that is neither a node nor the controller."""
+    # Where the serving processes listen: instance ports, side channels, the router's ports, UCX's TCP listeners
+    # in pdinfra_kv_port_range (UCX_TCP_PORT_RANGE) and torch.distributed's gloo groups on random ephemeral
+    # ports (32768-60999, no setting pins them); all on the node's address or loopback, the gateway on every one.
+    ucx_ports, eph_ports = {}, {}
+    for host in cluster["hosts"]:
+        res = on(host, "ss -Hltnp | grep -E 'VLLM|python|vllm-router|nginx'", log=f"a1-listeners-{host.name}",
+                 check=True)  # fmt: skip
+        ports = set()
+        for line in res.stdout.splitlines():
+            addr, port = line.split()[3].rsplit(":", 1)
+            assert addr in (host.ip, "127.0.0.1", "0.0.0.0"), line
+            if addr == "0.0.0.0":
+                assert host.name == "node1" and port == "8000", f"only the gateway binds every address: {line}"
+            if addr != "127.0.0.1":
+                ports.add(int(port))
+        fixed = {8000, 29000, 8100, 5600, 8201, 5611, 8200, 5610}
+        stray = {p for p in ports - fixed if p not in range(20000, 21000) and p not in range(32768, 61000)}
+        assert not stray, f"{host.name}: listeners outside the firewalled ranges: {sorted(stray)}\n{res.stdout}"
+        ucx_ports[host.name] = sorted(p for p in ports if 20000 <= p <= 20999)
+        eph_ports[host.name] = sorted(p for p in ports if 32768 <= p <= 60999)
+        assert ucx_ports[host.name], f"{host.name}: no UCX listener in 20000-20999:\n{res.stdout}"
+    outside = nspawn.TestHost("outside", "198.18.0.13/24")
+    nspawn._setup_bridge(outside)
+    nspawn._setup_netns(outside)
+    try:
+        assert _connects("198.18.0.11", 8000, outside.netns), "the router port must answer clients"
+        closed = [("198.18.0.11", p) for p in (8100, 5600, 8201, 5611, 29000, ucx_ports["node1"][0])]
+        closed += [("198.18.0.12", p) for p in (8200, 5610, ucx_ports["node2"][0])]
+        closed += [(ip, eph_ports[n][0]) for n, ip in (("node1", "198.18.0.11"), ("node2", "198.18.0.12"))
+                   if eph_ports[n]]  # fmt: skip
+        answered = [f"{ip}:{p}" for ip, p in closed if _connects(ip, p, outside.netns)]
+        assert not answered, f"answered a host outside the cluster: {answered}"
+        # The same ports answer a cluster peer (node2 -> node1) and the controller (pdinfra_admin_networks).
+        res = on(node(cluster, "node2"), "python3 -c \"import socket; s=socket.create_connection(('198.18.0.11', "
+                 "8100), 2); print('ok')\"", log="a1-peer-connect", check=True)  # fmt: skip
+        assert "ok" in res.stdout
+        assert healthy(INSTANCES["prefill0"])
+    finally:
+        nspawn._teardown_netns(outside)
+
+
+# ----------------------------------------------------------------------------- least privilege
+def test_every_pdinfra_unit_runs_unprivileged_with_exposure_at_most_5(cluster):
+    lines = []
+    for host in cluster["hosts"]:
+        res = on(
+            host,
+            "for u in $(systemctl list-units --all --plain --no-legend 'pdinfra-*.service' | "
+            "awk '{print $1}'); do echo \"== $u $(systemctl show -p User --value $u) "
+            '$(ps -o user= -p $(systemctl show -p MainPID --value $u) 2>/dev/null)"; '
+            "systemd-analyze security --no-pager $u | tail -1; done",
+            log=f"a2-exposure-{host.name}",
+            check=True,
+        )
+        units = re.findall(r"== (\S+) (\S*) ?(\S*)\n.*?Overall exposure level for \S+: ([0-9.]+) (\S+)", res.stdout)
+        assert units, res.stdout
+        for unit, user, proc_user, score, word in units:
+            lines.append(f"{host.name} {unit}: {score} {word} (User={user or 'root'})")
+            if unit != "pdinfra-firewall.service":  # loads nftables rules: root, CAP_NET_ADMIN only
+                assert user == "pdinfra", (unit, res.stdout)
+            if proc_user:
+                assert proc_user == "pdinfra", (unit, proc_user)
+            assert float(score) <= 5.0, f"{host.name} {unit}: exposure {score} {word}"
+    print("\n" + "\n".join(lines))
+    (LOG_DIR / "exposure.txt").write_text("\n".join(lines) + "\n")
+
+
+# ----------------------------------------------------------------------------- deep health
+def test_deep_health_probe_passes_over_every_path_and_validate_shows_it(cluster):
+    n1 = node(cluster, "node1")
+    res = on(n1, "systemctl is-active pdinfra-probe.timer; systemctl start pdinfra-probe.service; "
+             "cat /var/lib/pdinfra/probe/last.json; echo ---; cat /var/lib/pdinfra/probe/pdinfra_probe.prom",
+             log="a3-probe", check=True)  # fmt: skip
+    assert res.stdout.startswith("active"), res.stdout
+    last = json.loads(res.stdout[res.stdout.index("{") : res.stdout.index("\n---\n")])
+    assert last["ok"], last
+    assert {p["path"] for p in last["paths"]} == {"router", "prefill0->decode0", "prefill0->decode1"}
+    assert 'pdinfra_probe_success{path="router"} 1' in res.stdout
+    checks = json.loads(on(n1, "pdinfra validate --json", log="a3-validate").stdout)
+    dh = next(c for c in checks if c["id"] == "serving.deep_health")
+    assert dh["verdict"] == "pass" and "prefill0->decode1" in dh["evidence"], dh
+
+
+# ----------------------------------------------------------------------------- faults under load
+def test_kill_one_decode_instance_under_load(cluster, refs):
+    """SIGKILL decode0: the router routes around it within 10 s (health checks every 1 s, 2 failures), no wrong
+    answer, no hung request; systemd restarts it and the router sends it traffic again."""
+    ensure_all_healthy()
+    n2, url = node(cluster, "node2"), INSTANCES["decode0"]
+    restarts = int(on(n2, "systemctl show -p NRestarts --value pdinfra-vllm-decode0", log="b0-n").stdout or 0)
+    with Load(api_key(), refs) as load:
+        time.sleep(5)
+        t_fault = time.monotonic()
+        on(n2, "systemctl kill --kill-whom=main -s KILL pdinfra-vllm-decode0", log="b0-kill-decode0", check=True)
+        t_dropped = wait_until(lambda: router_health(url) == 0.0, 30)
+        t_back = wait_until(lambda: healthy(url), 240)
+        base = counter(url, "vllm:request_success_total")
+        t_rotation = wait_until(lambda: counter(url, "vllm:request_success_total") > base, 60) if t_back else None
+        time.sleep(3)
+    rep = analyse("kill decode0 (SIGKILL)", load, t_fault, t_back, t_rotation,
+                  {"router_dropped_s": None if t_dropped is None else round(t_dropped - t_fault, 1)})  # fmt: skip
+    assert rep.wrong == 0 and rep.hung == 0, rep
+    assert rep.route_around_s is None or rep.route_around_s <= 10.0, rep
+    assert rep.recovery_s is not None, rep
+    after = int(on(n2, "systemctl show -p NRestarts --value pdinfra-vllm-decode0", log="b0-n2").stdout or 0)
+    assert after == restarts + 1, "systemd did not restart the instance"
+    assert rep.requests - rep.failed > 20, rep  # the other decode instance kept serving
+
+
+def test_kill_the_prefill_instance_during_transfers(cluster, refs):
+    """One prefill instance: every request fails until it is back (fast, as failures), none is wrong or hangs,
+    and both decode instances serve again afterwards (no decode stuck waiting for KV from the dead prefill)."""
+    ensure_all_healthy()
+    n1, url = node(cluster, "node1"), INSTANCES["prefill0"]
+    with Load(api_key(), refs) as load:
+        time.sleep(5)
+        t_fault = time.monotonic()
+        on(n1, "systemctl kill --kill-whom=main -s KILL pdinfra-vllm-prefill0", log="b1-kill-prefill0", check=True)
+        t_back = wait_until(lambda: healthy(url), 240)
+        t_ok = wait_until(lambda: any(r.ok and r.t0 > (t_back or 0) for r in load.recs), 90) if t_back else None
+        time.sleep(5)
+    rep = analyse("kill prefill0 (SIGKILL)", load, t_fault, t_ok, t_ok)
+    assert rep.wrong == 0 and rep.hung == 0, rep
+    assert rep.recovery_s is not None, rep
+    probe = on(n1, "systemctl start pdinfra-probe.service; cat /var/lib/pdinfra/probe/last.json", log="b1-probe")
+    assert '"ok": true' in probe.stdout, probe.stdout
+
+
+def test_stop_and_start_the_router(cluster, refs):
+    ensure_all_healthy()
+    n1 = node(cluster, "node1")
+    with Load(api_key(), refs) as load:
+        time.sleep(3)
+        t_fault = time.monotonic()
+        on(n1, "systemctl stop pdinfra-router; sleep 3; systemctl start pdinfra-router", log="b2-router", check=True)
+        t_ok = wait_until(lambda: any(r.ok and r.t0 > t_fault + 3 for r in load.recs), 60)
+        time.sleep(3)
+    rep = analyse("stop router 3 s, start", load, t_fault, t_ok, t_ok)
+    assert rep.wrong == 0 and rep.hung == 0 and rep.recovery_s is not None, rep
+
+
+def test_cut_the_link_between_the_nodes_for_5_s(cluster, refs):
+    """node2's veth down for 5 s: decode0 is unreachable (requests to it time out at the router's connect timeout,
+    health checks fail), the router routes around it, and it comes back when the link does."""
+    ensure_all_healthy()
+    veth, url = node(cluster, "node2").veth_host, INSTANCES["decode0"]
+    with Load(api_key(), refs) as load:
+        time.sleep(5)
+        t_fault = time.monotonic()
+        subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+        t_dropped = wait_until(lambda: router_health(url) == 0.0, 5)
+        time.sleep(max(0.0, 5 - (time.monotonic() - t_fault)))
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        t_back = wait_until(lambda: router_health(url) == 1.0, 60)
+        base = counter(url, "vllm:request_success_total")
+        t_rotation = wait_until(lambda: counter(url, "vllm:request_success_total") > base, 60) if t_back else None
+        time.sleep(3)
+    rep = analyse("cut node2's link 5 s", load, t_fault, t_back, t_rotation,
+                  {"router_dropped_s": None if t_dropped is None else round(t_dropped - t_fault, 1)})  # fmt: skip
+    assert rep.wrong == 0 and rep.hung == 0 and rep.recovery_s is not None, rep
+    assert rep.route_around_s is None or rep.route_around_s <= 15.0, rep
+
+
+def test_restart_a_whole_node(cluster, refs):
+    """node2 halts and boots again: its units (firewall, decode0) start at boot, the router re-adds decode0."""
+    ensure_all_healthy()
+    n2, url = node(cluster, "node2"), INSTANCES["decode0"]
+    with Load(api_key(), refs) as load:
+        time.sleep(5)
+        t_fault = time.monotonic()
+        nspawn._stop(n2)
+        t_down = time.monotonic()
+        nspawn.create([n2])
+        t_back = wait_until(lambda: healthy(url), 300)
+        base = counter(url, "vllm:request_success_total")
+        t_rotation = wait_until(lambda: counter(url, "vllm:request_success_total") > base, 60) if t_back else None
+        time.sleep(3)
+    rep = analyse("restart node2", load, t_fault, t_back, t_rotation, {"halt_s": round(t_down - t_fault, 1)})
+    assert rep.wrong == 0 and rep.hung == 0 and rep.recovery_s is not None, rep
+    fw = on(n2, "nft list table inet pdinfra | head -3", log="b4-firewall-after-boot", check=True)
+    assert "table inet pdinfra" in fw.stdout
+    ensure_all_healthy()
+
+
+# ----------------------------------------------------------------------------- rolling changes
+def _main_pids(cluster) -> dict[str, str]:
+    out = {}
+    for host in cluster["hosts"]:
+        res = on(
+            host,
+            "for u in /etc/systemd/system/pdinfra-vllm-*.service; do n=$(basename $u .service); "
+            "echo ${n#pdinfra-vllm-} $(systemctl show -p MainPID --value $n); done",
+            log=f"c0-pids-{host.name}",
+        )
+        out.update(line.split() for line in res.stdout.splitlines() if len(line.split()) == 2)
+    return out
+
+
+def test_a_failed_roll_stops_with_the_rest_still_serving(cluster, refs):
+    """A change whose first restarted instance does not come back in time (health timeout 3 s): the play fails
+    there, and the instances not yet rolled keep their process and keep serving."""
+    ensure_all_healthy()
+    before = _main_pids(cluster)
+    res = run([str(BIN / "ansible-playbook"), "-i", str(INV), "playbooks/serving.yml",
+               "-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}, "vllm_instance_health_timeout_s": 3}'],
+              log="c1-roll-failing")  # fmt: skip
+    assert res.returncode != 0, res.stdout[-3000:]
+    assert re.search(r"Wait for /health of prefill0.*\n.*FAILED", res.stdout) or "prefill0" in res.stdout
+    after = _main_pids(cluster)
+    assert after["prefill0"] != before["prefill0"], "the first instance of the roll was restarted"
+    assert after["decode1"] == before["decode1"] and after["decode0"] == before["decode0"], (before, after)
+    for name in ("decode1", "decode0"):
+        status, body = complete(INSTANCES[name], PROMPTS[0], api_key())
+        assert status == 200, (name, body)
+
+
+def test_a_changed_configuration_rolls_the_instances_one_at_a_time(cluster, refs):
+    """The same change, now healthy: every instance restarts in turn (prefill0, decode1 on node1, then decode0 on
+    node2), each passing /health and its pairs' deep-health probe before the next; the router keeps answering."""
+    ensure_all_healthy()
+    before = _main_pids(cluster)
+    with Load(api_key(), refs, clients=2) as load:
+        res = run([str(BIN / "ansible-playbook"), "-i", str(INV), "playbooks/serving.yml",
+                   "-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "1"}}'], log="c2-roll")  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:]
+    order = re.findall(r"TASK \[vllm_instance : Restart \(the router's health check routes around it meanwhile\) "
+                       r"pdinfra-vllm-(\w+)\.service\]", res.stdout)  # fmt: skip
+    assert order == ["prefill0", "decode1", "decode0"], order
+    probes = re.findall(r"TASK \[vllm_instance : Deep health .* of (\w+)\]", res.stdout)
+    assert probes == order, probes
+    after = _main_pids(cluster)
+    assert all(after[n] != before[n] for n in before), (before, after)
+    t0 = min(r.t0 for r in load.recs)
+    rep = analyse("rolling restart of 3 instances", load, t0, None, max(r.t1 for r in load.recs) if load.recs else None)
+    assert rep.wrong == 0 and rep.hung == 0, rep
+    ok_share = (rep.requests - rep.failed) / max(rep.requests, 1)
+    print(f"rolling restart: {ok_share:.0%} of {rep.requests} requests answered during the roll")
