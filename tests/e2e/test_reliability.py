@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, on, run
+from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, on, recap, run
 
 from pdinfra import testhosts
 from pdinfra.testhosts import nspawn
@@ -499,15 +499,16 @@ def test_a_failed_roll_stops_with_the_rest_still_serving(cluster, refs):
         assert status == 200, (name, body)
 
 
-def test_a_changed_configuration_rolls_the_instances_one_at_a_time(cluster, refs):
-    """The same change, now healthy: every instance restarts in turn (prefill0, decode1 on node1, then decode0 on
-    node2), each passing /health and its pairs' deep-health probe before the next. (No load here: on 2 cores it
-    doubles the roll's time; the recorded dev run with 2 clients answered 85% of requests during the roll, the
-    rest failing while the single prefill instance restarted: docs/reliability.md.)"""
+def test_rerunning_resumes_the_roll_one_instance_at_a_time(cluster, refs):
+    """The same command again, with the default health timeout: no file changes any more, but the instances the
+    stopped roll left pending are rolled now, one at a time (prefill0, decode1 on node1, then decode0 on node2),
+    each passing /health and its pairs' deep-health probe before the next. (No load here: on 2 cores it doubles
+    the roll's time; the recorded dev run with 2 clients answered 85% of requests during a roll, the rest failing
+    while the single prefill instance restarted: docs/reliability.md.)"""
     ensure_all_healthy()
     before = _main_pids(cluster)
     res = run([str(BIN / "ansible-playbook"), "-i", str(INV), "playbooks/serving.yml",
-               "-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "1"}}'], log="c2-roll")  # fmt: skip
+               "-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}'], log="c2-roll-resumed")  # fmt: skip
     assert res.returncode == 0, res.stdout[-4000:]
     order = re.findall(r"TASK \[vllm_instance : Restart \(the router's health check routes around it meanwhile\) "
                        r"pdinfra-vllm-(\w+)\.service\]", res.stdout)  # fmt: skip
@@ -520,3 +521,7 @@ def test_a_changed_configuration_rolls_the_instances_one_at_a_time(cluster, refs
     for p, ref in zip(PROMPTS, refs, strict=True):
         status, body = complete(ROUTER, p, api_key())
         assert status == 200 and body["choices"][0]["text"] == ref, body
+    # Converged: nothing pending, the same command changes nothing.
+    again = run([str(BIN / "ansible-playbook"), "-i", str(INV), "playbooks/serving.yml",
+                 "-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}'], log="c3-roll-converged")  # fmt: skip
+    assert again.returncode == 0 and all(v["changed"] == 0 for v in recap(again.stdout).values()), again.stdout[-3000:]
