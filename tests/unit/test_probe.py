@@ -1,0 +1,155 @@
+"""The deep-health probe (pdinfra.serving.probe) against fake router, prefill and decode servers on loopback.
+
+The fakes speak the parts of the protocol the probe uses: a prefill returns ``kv_transfer_params`` for a request
+with ``do_remote_decode``; a decode that receives them "reads" the KV (its NIXL transfer counter in /metrics grows);
+the router does both hops. A broken decode answers without moving KV, which is what /health cannot see. The real
+probe ran against the real stack in tests/e2e/test_reliability.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from pdinfra.cluster.model import Cluster
+from pdinfra.cluster.resolve import resolve
+from pdinfra.serving import probe
+
+KEY = "k3y-0123456789abcdef"
+
+
+class Fake:
+    """One fake server; ``kind`` is router, prefill or decode."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.transfers, self.moves_kv, self.gives_params = kind, 0, True, True
+        self.peer: Fake | None = None  # the router's decode
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a) -> None:
+                pass
+
+            def _send(self, code: int, body: str, ctype: str = "application/json") -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    self._send(200, f'vllm:nixl_xfer_time_seconds_count{{engine="0"}} {fake.transfers}\n'
+                                    'vllm:nixl_num_failed_transfers_total{engine="0"} 0\n', "text/plain")  # fmt: skip
+                else:
+                    self._send(404, "{}")
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.headers.get("Authorization") != f"Bearer {KEY}":
+                    self._send(401, '{"error": "Unauthorized"}')
+                    return
+                params = body.get("kv_transfer_params") or {}
+                out = {"choices": [{"text": " x"}], "usage": {"completion_tokens": 1}}
+                if fake.kind == "prefill" and params.get("do_remote_decode") and fake.gives_params:
+                    out["kv_transfer_params"] = {"remote_block_ids": [1, 2], "remote_engine_id": "e"}
+                if fake.kind == "decode" and params.get("remote_block_ids") and fake.moves_kv:
+                    fake.transfers += 1
+                if fake.kind == "router" and fake.peer is not None and fake.peer.moves_kv:
+                    fake.peer.transfers += 1
+                self._send(200, json.dumps(out))
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture()
+def stack():
+    router, prefill, decode = Fake("router"), Fake("prefill"), Fake("decode")
+    router.peer = decode
+    hv = {
+        "node1": {"pdinfra_address": "198.18.0.11/24", "pdinfra_profile": "cpu",
+                  "pdinfra_model": {"name": "m", "source": "node_path", "path": "/m"},
+                  "pdinfra_instances": [{"name": "prefill0", "role": "prefill", "port": 8100,
+                                         "side_channel_port": 5600}]},
+        "node2": {"pdinfra_address": "198.18.0.12/24", "pdinfra_profile": "cpu",
+                  "pdinfra_model": {"name": "m", "source": "node_path", "path": "/m"},
+                  "pdinfra_instances": [{"name": "decode0", "role": "decode", "port": 8200,
+                                         "side_channel_port": 5610}]},
+    }  # fmt: skip
+    res = resolve(hv, {"all": ["node1", "node2"], "pd_cluster": ["node1", "node2"], "router": ["node1"]})
+    assert res.ok, res.problems
+    data = copy.deepcopy(res.cluster.to_dict())  # the fakes listen on loopback: point the model at them
+    data["routers"][0]["url"] = router.url
+    for h in data["hosts"]:
+        for i in h["instances"]:
+            i["url"] = prefill.url if i["role"] == "prefill" else decode.url
+    yield Cluster.from_dict(data), router, prefill, decode
+    for f in (router, prefill, decode):
+        f.server.shutdown()
+
+
+def test_every_path_passes_when_kv_moves(stack, tmp_path: Path):
+    cluster, *_ = stack
+    res = probe.run(cluster, KEY, timeout=5)
+    assert res.ok and [p.path for p in res.paths] == ["router", "prefill0->decode0"], res
+    probe.write(res, tmp_path)
+    last = json.loads((tmp_path / "last.json").read_text())
+    assert last["schema"] == "pdinfra-probe/1" and last["ok"] and len(last["paths"]) == 2
+    prom = (tmp_path / "pdinfra_probe.prom").read_text()
+    assert 'pdinfra_probe_success{path="router"} 1' in prom
+    assert 'pdinfra_probe_success{path="prefill0->decode0"} 1' in prom
+    assert "# TYPE pdinfra_probe_last_run_timestamp_seconds gauge" in prom
+    assert not list(tmp_path.glob(".*.tmp"))  # written through a rename
+
+
+def test_an_answer_without_kv_movement_fails_although_health_would_pass(stack):
+    cluster, _, _, decode = stack
+    decode.moves_kv = False
+    res = probe.run(cluster, KEY, timeout=5)
+    assert not res.ok
+    router, pair = res.paths
+    assert not router.ok and "no KV moved: PD is not working" in router.evidence
+    assert not pair.ok and "NIXL transfers +0" in pair.evidence
+
+
+def test_a_prefill_that_returns_no_kv_parameters_fails_its_pairs(stack):
+    cluster, _, prefill, _ = stack
+    prefill.gives_params = False
+    res = probe.run(cluster, KEY, timeout=5)
+    assert res.paths[0].ok and not res.paths[1].ok
+    assert "returned no kv_transfer_params" in res.paths[1].evidence
+
+
+def test_a_wrong_key_fails_every_path(stack):
+    cluster, *_ = stack
+    res = probe.run(cluster, "wrong-key-0123456789", timeout=5)
+    assert not any(p.ok for p in res.paths) and all("401" in p.evidence for p in res.paths)
+
+
+def test_an_unreachable_router_fails_fast(stack):
+    cluster, router, *_ = stack
+    router.server.shutdown()
+    router.server.server_close()
+    res = probe.run(cluster, KEY, timeout=2)
+    assert not res.paths[0].ok and "Error" in res.paths[0].evidence and res.paths[0].seconds < 3
+
+
+def test_instance_mode_probes_only_that_instances_pairs(stack, tmp_path: Path, monkeypatch, capsys):
+    cluster, *_ = stack
+    res = probe.run(cluster, KEY, timeout=5, instance="decode0")
+    assert [p.path for p in res.paths] == ["prefill0->decode0"] and res.ok
+    cj = tmp_path / "cluster.json"
+    cj.write_text(json.dumps({**cluster.to_dict(), "node": "node1"}))
+    monkeypatch.setenv("PDINFRA_API_KEY", KEY)
+    assert probe.main(["--cluster", str(cj), "--instance", "decode9", "--no-write"]) == 2
+    assert "no instance 'decode9'" in capsys.readouterr().err
+    assert probe.main(["--cluster", str(cj), "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "last.json").read_text())["ok"]
