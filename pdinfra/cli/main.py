@@ -234,6 +234,36 @@ def smoke(
         raise typer.Exit(1)
 
 
+@app.command()
+def probe(
+    inventory: Inv = DEFAULT_INV,
+    instance: Annotated[str | None, typer.Option(help="Only the prefill->decode pairs of this instance.")] = None,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds per HTTP request.")] = 20.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")] = False,
+) -> None:
+    """Deep health from here: a one-token PD request through the router and over every prefill->decode pair,
+    each of which must move KV (the router node's pdinfra-probe.timer runs the same probe every 30 s)."""
+    from pdinfra.serving import probe as probe_mod
+
+    cluster = _cluster(inventory, secrets=True)
+    try:
+        result = probe_mod.run(cluster, cluster.secrets.api_key, timeout, instance=instance)
+    except KeyError as exc:
+        typer.echo(f"error: {exc.args[0]}", err=True)
+        raise typer.Exit(2) from exc
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        table = Table(title=f"pdinfra probe: router {cluster.router.url}")
+        for col in ("path", "verdict", "seconds", "evidence"):
+            table.add_column(col, overflow="fold")
+        for p in result.paths:
+            table.add_row(p.path, "[green]PASS[/]" if p.ok else "[red]FAIL[/]", f"{p.seconds:.2f}", p.evidence)
+        Console(width=160).print(table)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
 # ----------------------------------------------------------------------------- controller helpers used by roles
 @app.command()
 def wheelhouse(
