@@ -77,7 +77,9 @@ class LayoutDeployer:
             return
         if self.progress:
             self.progress(f"deploying the {layout} layout (site.yml --tags serving -e pdinfra_layout={layout})")
-        res = run_playbook(self.inventory, "site.yml", ["--tags", "serving", "-e", f"pdinfra_layout={layout}"],
+        # A layout switch changes every instance's KV role at once: it cannot be rolled pair by pair.
+        res = run_playbook(self.inventory, "site.yml", ["--tags", "serving", "-e", f"pdinfra_layout={layout}",
+                                                        "-e", "vllm_instance_rolling=false"],
                            log=self.log_dir / f"deploy-{layout}.log", timeout_s=3600)  # fmt: skip
         if res.rc != 0:
             tail = res.log.read_text(errors="replace")[-3000:]

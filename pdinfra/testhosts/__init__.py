@@ -5,6 +5,7 @@ from pdinfra.testhosts.nspawn import (
     Link,
     TestHost,
     TestHostError,
+    api_key_file,
     create,
     destroy,
     ensure_base,
@@ -15,5 +16,5 @@ from pdinfra.testhosts.nspawn import (
     ssh_key,
 )
 
-__all__ = ["BRIDGE", "Link", "TestHost", "TestHostError", "create", "destroy", "ensure_base", "from_inventory",
-           "leftovers", "running_pid", "ssh_command", "ssh_key"]  # fmt: skip
+__all__ = ["BRIDGE", "Link", "TestHost", "TestHostError", "api_key_file", "create", "destroy", "ensure_base",
+           "from_inventory", "leftovers", "running_pid", "ssh_command", "ssh_key"]  # fmt: skip
