@@ -116,8 +116,8 @@ def test_nodes_hold_the_resolved_cluster_model(cluster):
         assert model["block_size"] == 32 and model["dtype"] == "bfloat16" and model["model"]["shape"] == "tiny"
         me = next(h for h in model["hosts"] if h["name"] == host.name)
         assert json.loads(expect_text) == me["expect"] == {"role": "cpu", "pd_hosts": 2}
-        key = testhosts.api_key_file().read_text().strip()
-        assert "secrets" not in model and key not in model_text and model["api_key_required"] is True
+        api_key = testhosts.api_key_file().read_text().strip()
+        assert "secrets" not in model and api_key not in model_text and model["api_key_required"] is True
 
 
 def test_amx_shim_is_still_needed(cluster):
