@@ -203,6 +203,7 @@ ROLE_RANGES: dict[str, tuple[int, int]] = {
     "pd_router_probe_timeout_s": (1, 3600),
     "vllm_instance_roll_probe_timeout_s": (5, 7200),
     "vllm_instance_health_timeout_s": (1, 7200),
+    "vllm_instance_start_timeout_s": (30, 7200),
     "vllm_instance_cpu_kvcache_gib": (1, 4096),
     "vllm_instance_nixl_pthr_delay_us": (0, 1_000_000),
 }

@@ -44,7 +44,9 @@ class Fake:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
-                if self.path == "/metrics":
+                if self.path == "/health" and fake.kind != "router":
+                    self._send(200, "")
+                elif self.path == "/metrics":
                     self._send(200, f'vllm:nixl_xfer_time_seconds_count{{engine="0"}} {fake.transfers}\n'
                                     'vllm:nixl_num_failed_transfers_total{engine="0"} 0\n', "text/plain")  # fmt: skip
                 else:
@@ -153,3 +155,15 @@ def test_instance_mode_probes_only_that_instances_pairs(stack, tmp_path: Path, m
     assert "no instance 'decode9'" in capsys.readouterr().err
     assert probe.main(["--cluster", str(cj), "--out", str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out" / "last.json").read_text())["ok"]
+
+
+def test_the_startup_watchdog_waits_for_health_and_gives_up_at_its_deadline(stack):
+    from pdinfra.serving import wait_health
+
+    _, router, prefill, _ = stack
+    assert wait_health.main([prefill.url, "5"]) == 0  # answers /health
+    assert not wait_health.wait(router.url, 1.0, interval_s=0.2)  # the fake router answers 404: never ready
+    router.server.shutdown()
+    router.server.server_close()
+    assert not wait_health.wait(router.url, 1.0, interval_s=0.2)  # refused: not ready, and it stops in time
+    assert wait_health.main(["only-one-argument"]) == 2
