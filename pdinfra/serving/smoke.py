@@ -55,7 +55,10 @@ class SmokeResult:
         return bool(self.proofs) and all(p.ok for p in self.proofs)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"ok": self.ok}
+        """Printed by `pdinfra smoke --json` and kept in logs: never the API key, only whether one was sent."""
+        data = asdict(self) | {"ok": self.ok}
+        data["endpoints"]["api_key"] = "(set)" if self.endpoints.api_key else ""
+        return data
 
 
 # ----------------------------------------------------------------------------- HTTP helpers

@@ -64,3 +64,9 @@ def test_smoke_against_nothing_fails_with_evidence_not_a_traceback():
     res = smoke.run(ep, timeout=2)
     assert not res.ok and res.proofs[0].name == "decode instances answer /metrics"
     assert "Connection refused" in res.proofs[0].evidence or "URLError" in res.proofs[0].evidence
+
+
+def test_the_smoke_result_never_carries_the_api_key():
+    ep = smoke.Endpoints(router="http://r", prefill=[], decode=[], model="m", api_key="k3y-SECRET-0123456789")
+    text = str(smoke.SmokeResult(endpoints=ep).to_dict())
+    assert "k3y-SECRET" not in text and "(set)" in text
