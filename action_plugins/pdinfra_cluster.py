@@ -4,7 +4,8 @@ Reads every host's pdinfra and role variables as Ansible resolved them (inventor
 -e extra vars alike), templates them, and resolves the cluster model. On success it returns ``cluster`` (the
 whole model, without secrets) for playbooks/cluster.yml to publish; with ``secrets: true`` it returns ``secrets``
 instead (run that task with no_log). ``output`` writes {problems, cluster} as JSON on the
-controller (``pdinfra check-config`` and the Python consumers read the model that way).
+controller (``pdinfra check-config`` and the Python consumers read the model that way). ``scope`` (full | host)
+comes from the argument, else from the play variable ``__pdinfra_scope``, else ``full``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class ActionModule(ActionBase):
                         resolved[host][key] = self._templar.template(hv[key])
                     except Exception as exc:  # an undefined variable or a Jinja error inside the value
                         template_problems.append(resolve.Problem(key, f"cannot be templated: {exc}", host))
-        scope = str(args.get("scope") or "full")
+        # playbooks/host.yml imports cluster.yml with __pdinfra_scope: host; everything else resolves in full.
+        scope = str(args.get("scope") or task_vars.get("__pdinfra_scope") or "full")
         if scope not in ("full", "host"):
             raise AnsibleError(f"scope must be full or host, not {scope!r}")
         res = resolve.resolve(resolved, groups, sources, scope)

@@ -16,20 +16,18 @@ import os
 import sys
 from pathlib import Path
 
+from pdinfra.host.facts import parse_env_file
+
 CLIENT_ENV = Path("/etc/pdinfra/client.env")
 
 
 def client_api_key(path: Path = CLIENT_ENV) -> str:
     """PDINFRA_API_KEY from an env file (the pd_router role writes it on the router node); "" when absent."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except OSError:
         return ""
-    for line in lines:
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "PDINFRA_API_KEY":
-            return value.strip()
-    return ""
+    return parse_env_file(text).get("PDINFRA_API_KEY", "")
 
 
 def main(argv: list[str] | None = None) -> int:

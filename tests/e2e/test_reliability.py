@@ -24,6 +24,7 @@ import pytest
 from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, on, recap, run
 
 from pdinfra import testhosts
+from pdinfra.serving import smoke
 from pdinfra.testhosts import nspawn
 
 pytestmark = E2E_MARKS
@@ -65,8 +66,7 @@ def complete(url: str, prompt: str, key: str | None, max_tokens: int = 8) -> tup
 
 
 def get(url: str, timeout: float = 3) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.read().decode()
+    return smoke.get_text(url, timeout=timeout)
 
 
 def healthy(url: str) -> bool:
@@ -77,11 +77,11 @@ def healthy(url: str) -> bool:
 
 
 def counter(url: str, name: str) -> float:
+    """A counter of an instance's /metrics, summed over labels; -1 while the instance does not answer."""
     try:
-        text = get(url + "/metrics")
+        return smoke.metric(smoke.parse_metrics(get(url + "/metrics")), name)
     except OSError:
         return -1.0
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
 
 
 def router_health(worker_url: str) -> float | None:

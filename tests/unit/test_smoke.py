@@ -70,3 +70,12 @@ def test_the_smoke_result_never_carries_the_api_key():
     ep = smoke.Endpoints(router="http://r", prefill=[], decode=[], model="m", api_key="k3y-SECRET-0123456789")
     text = str(smoke.SmokeResult(endpoints=ep).to_dict())
     assert "k3y-SECRET" not in text and "(set)" in text
+
+
+def test_vllm_bench_reads_the_client_key_from_the_router_nodes_env_file(tmp_path):
+    from pdinfra.serving import vllm_bench
+
+    env = tmp_path / "client.env"
+    env.write_text("# Managed by pdinfra (pd_router role).\nPDINFRA_API_KEY=k3y-0123456789abcdef\n")
+    assert vllm_bench.client_api_key(env) == "k3y-0123456789abcdef"
+    assert vllm_bench.client_api_key(tmp_path / "absent.env") == ""
