@@ -348,7 +348,10 @@ def _boot(host: TestHost, root: Path) -> int:
         d.mkdir(exist_ok=True)
     cmd = [
         "systemd-nspawn", "-D", str(root), "-M", host.name, "--boot", "--register=no", "--keep-unit",
-        "--console=passive", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
+        # read-only: the node's console goes to console.log. Not "passive": that pty is connected nowhere, and
+        # once its buffer is full the node's systemd blocks for ever writing a status line to it (seen after a
+        # few dozen failed starts: PID 1 hung, no restarts, no zombies reaped, daemon-reload failing).
+        "--console=read-only", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
         f"--network-namespace-path=/run/netns/{host.netns}",
         # nftables in the node's own network namespace (the pd_firewall role); nspawn grants CAP_NET_ADMIN only
         # with --private-network, not with a namespace path.

@@ -76,6 +76,8 @@ def test_decode_env_pins_gpus_and_the_side_channel_to_the_node(rendered):
     assert "CUDA_VISIBLE_DEVICES=4,5,6,7" in env
     assert "VLLM_NIXL_SIDE_CHANNEL_HOST=198.18.0.12" in env and "VLLM_NIXL_SIDE_CHANNEL_PORT=5610" in env
     assert "OMP_NUM_THREADS" not in env and "PDINFRA_NIXL_PTHR_DELAY_US" not in env  # CPU-profile tuning only
+    # Fingerprints that roll the instances when the runtime or the UCX files change (none here: no host).
+    assert "PDINFRA_RUNTIME=none" in env and "PDINFRA_UCX=" in env
     unit = (rendered / "hgx-h100-02-decode1.service").read_text()
     assert '"kv_role": "kv_consumer"' in unit
 
