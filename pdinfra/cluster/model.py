@@ -94,6 +94,23 @@ class Firewall:
 
 
 @dataclass(frozen=True)
+class Monitoring:
+    """Prometheus on one PD host, the node exporter on every PD host; every target comes from the model."""
+
+    host: str
+    address: str
+    prometheus_port: int
+    url: str
+    node_exporter_port: int
+    scrape_interval_s: int
+    retention_days: int
+    # job -> "address:port" targets (vllm, router, node, dcgm)
+    targets: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # vLLM target -> labels on every series it exports: pd_role (prefill | decode), pd_instance (its name)
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Host:
     name: str
     in_cluster: bool  # a PD host (group pd_cluster); other hosts get only the host layer
@@ -134,6 +151,7 @@ class Cluster:
     api_key_required: bool = False  # clients (router) and the router's PD hops (instances) present a key
     kv_port_range: str = "20000-20999"  # UCX_TCP_PORT_RANGE: where UCX's TCP listeners bind
     firewall: bool = True
+    monitoring: Monitoring | None = None
     secrets: Secrets = field(default_factory=Secrets, compare=False, repr=False)
 
     # ------------------------------------------------------------------ lookups
@@ -221,6 +239,7 @@ class Cluster:
             api_key_required=bool(data.get("api_key_required", False)),
             kv_port_range=data.get("kv_port_range", "20000-20999"),
             firewall=bool(data.get("firewall", True)),
+            monitoring=_monitoring(data.get("monitoring")),
         )
 
     @classmethod
@@ -228,6 +247,13 @@ class Cluster:
         """A node's cluster.json: (cluster, the node's own host name)."""
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         return cls.from_dict(data), data.get("node")
+
+
+def _monitoring(m: dict[str, Any] | None) -> Monitoring | None:
+    if not m:
+        return None
+    return Monitoring(**{**m, "targets": {k: tuple(v) for k, v in m.get("targets", {}).items()},
+                         "labels": {k: dict(v) for k, v in m.get("labels", {}).items()}})  # fmt: skip
 
 
 def _lists(obj: Any) -> Any:

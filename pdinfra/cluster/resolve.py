@@ -18,7 +18,7 @@ from typing import Any
 
 from pdinfra.cluster import kvshape, profiles, schema
 from pdinfra.cluster.expect import Expect
-from pdinfra.cluster.model import Cluster, Firewall, Host, Instance, Model, Rail, Router, Secrets
+from pdinfra.cluster.model import Cluster, Firewall, Host, Instance, Model, Monitoring, Rail, Router, Secrets
 from pdinfra.cluster.schema import PDINFRA, Var
 from pdinfra.cluster.slo import SLO
 
@@ -424,8 +424,11 @@ def resolve(
     hosts = [
         Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)}) for h in hosts
     ]
+    monitoring = None
+    if serving and cluster_value(PDINFRA["pdinfra_monitoring"]) and all_instances:
+        monitoring = _monitoring(ck, hosts, router_objs, cluster_value)
     if m_range and m_eph and firewall:
-        hosts = _firewalls(ck, hosts, [m_range, m_eph], client_networks, admin_networks)
+        hosts = _firewalls(ck, hosts, [m_range, m_eph], client_networks, admin_networks, monitoring)
 
     if ck.problems or (model is None and serving):
         return Resolution(None, ck.problems)
@@ -434,7 +437,7 @@ def resolve(
         max_model_len=int(max_model_len), kv_lease_duration=int(lease), venv=str(venv), model=model, slo=slo,
         hosts=tuple(hosts), routers=tuple(router_objs), kv_load_failure_policy=str(kv_policy),
         service_user=service_user, api_key_required=bool(api_key), kv_port_range=port_range, firewall=firewall,
-        secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
+        monitoring=monitoring, secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
     )  # fmt: skip
     return Resolution(cluster, [])
 
@@ -491,9 +494,57 @@ def _port_range(ck: _Checker, var: str, text: str, example: str) -> tuple[int, i
     return int(m[1]), int(m[2])
 
 
+def _monitoring(ck: _Checker, hosts: list[Host], routers: list[Router], cluster_value: Any) -> Monitoring | None:
+    """Where Prometheus runs and what it scrapes: every instance, the router, every PD host's node exporter and,
+    when enabled, dcgm-exporter on the GPU hosts. Ports must not collide with the host's serving ports."""
+    pd = [h for h in hosts if h.in_cluster and h.address]
+    if not pd:
+        return None
+    name = cluster_value(PDINFRA["pdinfra_monitoring_host"]) or (routers[0].host if routers else pd[0].name)
+    host = next((h for h in pd if h.name == name), None)
+    if host is None:
+        ck.add("pdinfra_monitoring_host", f"{name!r} is not a host of pd_cluster with a serving address; PD hosts: "
+               f"{', '.join(h.name for h in pd)}{_suggest(str(name), [h.name for h in pd])}")  # fmt: skip
+        return None
+    prom = int(cluster_value(PDINFRA["pdinfra_prometheus_port"]))
+    node_port = int(cluster_value(PDINFRA["pdinfra_node_exporter_port"]))
+    dcgm = bool(cluster_value(PDINFRA["pdinfra_dcgm_exporter"]))
+    dcgm_port = int(cluster_value(PDINFRA["pdinfra_dcgm_exporter_port"]))
+    for h in pd:
+        used = {i.port: f"instance {i.name}" for i in h.instances}
+        used.update({i.side_channel_port: f"{i.name}'s side channel" for i in h.instances})
+        if h.router is not None:
+            used.update({h.router.port: "the router", h.router.metrics_port: "the router's metrics"})
+        mine = {node_port: "pdinfra_node_exporter_port"}
+        if h.name == host.name:
+            mine[prom] = "pdinfra_prometheus_port"
+        if dcgm and h.gpu:
+            mine[dcgm_port] = "pdinfra_dcgm_exporter_port"
+        if len(mine) < 1 + (h.name == host.name) + (dcgm and h.gpu):
+            ck.add("pdinfra_prometheus_port", "the monitoring ports (Prometheus, node exporter, dcgm-exporter) must "
+                   "differ", h.name)  # fmt: skip
+        for port, var in mine.items():
+            if port in used:
+                ck.add(var, f"port {port} is already used by {used[port]}", h.name)
+    targets = {
+        "vllm": tuple(i.url.removeprefix("http://") for h in pd for i in h.instances),
+        "router": tuple(f"{r.address}:{r.metrics_port}" for r in routers),
+        "node": tuple(f"{h.address}:{node_port}" for h in pd),
+    }
+    if dcgm:
+        targets["dcgm"] = tuple(f"{h.address}:{dcgm_port}" for h in pd if h.gpu)
+    insts = [i for h in pd for i in h.instances]
+    labels = {i.url.removeprefix("http://"): {"pd_role": i.role, "pd_instance": i.name} for i in insts}
+    return Monitoring(host=host.name, address=str(host.address), prometheus_port=prom,
+                      url=f"http://{host.address}:{prom}", node_exporter_port=node_port,
+                      scrape_interval_s=int(cluster_value(PDINFRA["pdinfra_scrape_interval_s"])),
+                      retention_days=int(cluster_value(PDINFRA["pdinfra_prometheus_retention_days"])),
+                      targets=targets, labels=labels)  # fmt: skip
+
+
 def _firewalls(
     ck: _Checker, hosts: list[Host], ranges: list[tuple[int, int]], client_networks: tuple[str, ...],
-    admin_networks: tuple[str, ...],
+    admin_networks: tuple[str, ...], monitoring: Monitoring | None = None,
 ) -> list[Host]:  # fmt: skip
     """Each PD host's firewall: the PD ports (service ports, UCX's range, the ephemeral range) from the cluster's
     own addresses and the admin networks, the router port from clients."""
@@ -512,6 +563,12 @@ def _firewalls(
         if h.router is not None:
             spans.append((h.router.metrics_port, h.router.metrics_port))
             client = (h.router.port,)
+        if monitoring is not None:  # scraped by Prometheus (a peer), queried from the admin networks
+            for job in ("node", "dcgm"):
+                spans += [(int(t.rsplit(":", 1)[1]),) * 2 for t in monitoring.targets.get(job, ())
+                          if t.rsplit(":", 1)[0] == h.address]  # fmt: skip
+            if monitoring.host == h.name:
+                spans.append((monitoring.prometheus_port, monitoring.prometheus_port))
         for lo, hi in spans:
             if kv[0] <= hi and lo <= kv[1]:
                 ck.add("pdinfra_kv_port_range", f"{kv[0]}-{kv[1]} contains port {lo} of this host's services; "

@@ -153,6 +153,23 @@ PDINFRA_VARS: tuple[Var, ...] = (
        default="32768-60999"),
     _f("pdinfra_kv_port_range", "str", "Port range UCX's TCP listeners bind in (`UCX_TCP_PORT_RANGE`), opened to "
        "cluster peers only.", default="20000-20999"),
+    _f("pdinfra_monitoring", "bool", "Deploy Prometheus on `pdinfra_monitoring_host` and the node exporter on every "
+       "PD host (Debian's packages), scraping every instance, the router, the node exporters and the deep-health "
+       "probe; targets, alert and recording rules come from the cluster model (docs/monitoring.md).", default=True),
+    _f("pdinfra_monitoring_host", "str", "The PD host that runs Prometheus.", default=None,
+       default_text="the router's host"),
+    _f("pdinfra_prometheus_port", "int", "Prometheus's port, on the monitoring host's serving address; open to "
+       "cluster peers and `pdinfra_admin_networks`.", default=9090, min=1024, max=65535),
+    _f("pdinfra_node_exporter_port", "int", "The node exporter's port on every PD host's serving address.",
+       default=9100, min=1024, max=65535),
+    _f("pdinfra_scrape_interval_s", "int", "Prometheus's scrape and rule evaluation interval (seconds).", default=15,
+       min=1, max=300),
+    _f("pdinfra_prometheus_retention_days", "int", "How long Prometheus keeps its samples.", default=15, min=1,
+       max=3650),
+    _f("pdinfra_dcgm_exporter", "bool", "Scrape NVIDIA's dcgm-exporter on GPU hosts (GPU and NVLink metrics). pdinfra "
+       "does not install it: it comes from NVIDIA's package source (docs/monitoring.md).", default=False),
+    _f("pdinfra_dcgm_exporter_port", "int", "dcgm-exporter's port on GPU hosts.", default=9400, min=1024,
+       max=65535),
     _f("pdinfra_slo", "dict", "Service-level objectives for `pdinfra bench` (ms).", default={}, fields=SLO_FIELDS),
     _f("pdinfra_address", "cidr", "The node's serving address with prefix length (e.g. 198.18.0.11/24); NIXL "
        "advertises it.", required=True, scope="host"),
@@ -175,10 +192,12 @@ ROLES = (
     "pd_model",
     "vllm_instance",
     "pd_router",
+    "pd_monitoring",
 )
 ROLE_PREFIXES = {"preflight": "preflight_", "nvidia_driver": "nvidia_driver_", "rdma_roce": "rdma_roce_",
                  "ucx": "ucx_", "pd_runtime": "pd_runtime_", "pd_firewall": "pd_firewall_", "pd_model": "pd_model_",
-                 "vllm_instance": "vllm_instance_", "pd_router": "pd_router_"}  # fmt: skip
+                 "vllm_instance": "vllm_instance_", "pd_router": "pd_router_",
+                 "pd_monitoring": "pd_monitoring_"}  # fmt: skip
 # Ranges and patterns the roles enforce in tasks/validate.yml, checked before any host is touched.
 ROLE_RANGES: dict[str, tuple[int, int]] = {
     "rdma_roce_mtu": (1280, 9216),

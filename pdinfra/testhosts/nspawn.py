@@ -35,7 +35,8 @@ MIRROR = os.environ.get("PDINFRA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # What a node needs before Ansible can manage it and vLLM's CPU build can run in it.
 BASE_PACKAGES = (
     "systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,python3-packaging,libnuma1,openssh-server,"
-    "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less,nftables,nginx-light"
+    "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less,nftables,nginx-light,prometheus,"
+    "prometheus-node-exporter"
 )
 BRIDGE = "pdbr0"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
@@ -191,6 +192,13 @@ def _prepare_base(root: Path) -> None:
     _quiet(["systemctl", f"--root={root}", "enable", "ssh.service"])
     # The distribution's nginx (port 80, as root) is not used: pdinfra runs its own API gateway unit.
     _quiet(["systemctl", f"--root={root}", "disable", "nginx.service"])
+    # Prometheus and the node exporter start only once the pd_monitoring role has configured them (by default they
+    # would listen on every address); the exporter's apt/smartmon helper timers are not wanted in a test node.
+    _quiet(["systemctl", f"--root={root}", "disable", "prometheus.service", "prometheus-node-exporter.service"])
+    for unit in ("prometheus-node-exporter-apt.timer", "prometheus-node-exporter-smartmon.timer",
+                 "prometheus-node-exporter-nvme.timer", "prometheus-node-exporter-ipmitool-sensor.timer",
+                 "prometheus-node-exporter-mellanox-hca-temp.timer"):  # fmt: skip
+        _quiet(["systemctl", f"--root={root}", "mask", unit])
     apt_conf = root / "etc/apt/apt.conf.d/99pdinfra"
     apt_conf.write_text('Acquire::Retries "0";\nAPT::Install-Recommends "false";\n')
     _quiet(["chroot", str(root), "apt-get", "clean"])

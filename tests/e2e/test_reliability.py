@@ -31,6 +31,7 @@ pytestmark = E2E_MARKS
 
 ROUTER = "http://198.18.0.11:8000"
 ROUTER_METRICS = "http://198.18.0.11:29000/metrics"
+PROMETHEUS = "http://198.18.0.11:9090"
 INSTANCES = {"prefill0": "http://198.18.0.11:8100", "decode1": "http://198.18.0.11:8201",
              "decode0": "http://198.18.0.12:8200"}  # fmt: skip
 MODEL = "pdinfra-tiny-llama"
@@ -94,6 +95,16 @@ def router_health(worker_url: str) -> float | None:
         if line.startswith("vllm_router_worker_health") and f'"{worker_url}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def alert_firing(name: str, instance: str) -> bool | None:
+    """Whether Prometheus (pd_monitoring) has alert NAME firing for pd_instance INSTANCE; None if it cannot say."""
+    try:
+        data = json.loads(get(PROMETHEUS + "/api/v1/alerts"))
+    except (OSError, ValueError):
+        return None
+    return any(a["labels"].get("alertname") == name and a["labels"].get("pd_instance") == instance
+               and a["state"] == "firing" for a in data["data"]["alerts"])  # fmt: skip
 
 
 def node(cluster, name: str) -> testhosts.TestHost:
@@ -337,8 +348,8 @@ def test_only_the_router_port_answers_from_outside_the_cluster(cluster):
     nspawn._setup_netns(outside)
     try:
         assert _connects("198.18.0.11", 8000, outside.netns), "the router port must answer clients"
-        closed = [("198.18.0.11", p) for p in (8100, 5600, 8201, 5611, 29000, ucx_ports["node1"][0])]
-        closed += [("198.18.0.12", p) for p in (8200, 5610, ucx_ports["node2"][0])]
+        closed = [("198.18.0.11", p) for p in (8100, 5600, 8201, 5611, 29000, 9090, 9100, ucx_ports["node1"][0])]
+        closed += [("198.18.0.12", p) for p in (8200, 5610, 9100, ucx_ports["node2"][0])]
         closed += [(ip, eph_ports[n][0]) for n, ip in (("node1", "198.18.0.11"), ("node2", "198.18.0.12"))
                    if eph_ports[n]]  # fmt: skip
         answered = [f"{ip}:{p}" for ip, p in closed if _connects(ip, p, outside.netns)]
@@ -406,15 +417,24 @@ def test_kill_one_decode_instance_under_load(cluster, refs):
         t_fault = time.monotonic()
         on(n2, "systemctl kill --kill-whom=main -s KILL pdinfra-vllm-decode0", log="b0-kill-decode0", check=True)
         t_dropped = wait_until(lambda: router_health(url) == 0.0, 30)
+        # Prometheus's PdinfraInstanceDown (for: 15 s, scrapes every 5 s) fires while systemd restarts decode0.
+        t_alert = wait_until(lambda: alert_firing("PdinfraInstanceDown", "decode0"), 90, step=1)
         t_back = wait_until(lambda: healthy(url), RECOVERY_S)
         base = counter(url, "vllm:request_success_total")
         t_rotation = wait_until(lambda: counter(url, "vllm:request_success_total") > base, 60) if t_back else None
+        t_cleared = wait_until(lambda: alert_firing("PdinfraInstanceDown", "decode0") is False, 60, step=1)
         time.sleep(3)
     rep = analyse("kill decode0 (SIGKILL)", load, t_fault, t_back, t_rotation,
-                  {"router_dropped_s": None if t_dropped is None else round(t_dropped - t_fault, 1)})  # fmt: skip
+                  {"router_dropped_s": None if t_dropped is None else round(t_dropped - t_fault, 1),
+                   "alert_fired_s": None if t_alert is None else round(t_alert - t_fault, 1),
+                   "alert_cleared_s": None if t_cleared is None else round(t_cleared - t_fault, 1)})  # fmt: skip
+    print(f"PdinfraInstanceDown fired {rep.detail['alert_fired_s']} s after the kill, "
+          f"cleared {rep.detail['alert_cleared_s']} s after it")  # fmt: skip
     assert rep.wrong == 0 and rep.hung == 0, rep
     assert rep.route_around_s is None or rep.route_around_s <= 10.0, rep
     require_recovered(rep, n2, "pdinfra-vllm-decode0", "b0-journal")
+    assert rep.detail["alert_fired_s"] is not None, "PdinfraInstanceDown did not fire within 90 s of the kill"
+    assert rep.detail["alert_cleared_s"] is not None, "PdinfraInstanceDown still firing a minute after recovery"
     after = int(on(n2, "systemctl show -p NRestarts --value pdinfra-vllm-decode0", log="b0-n2").stdout or 0)
     assert after == restarts + 1, "systemd did not restart the instance"
     assert rep.requests - rep.failed > 20, rep  # the other decode instance kept serving

@@ -209,13 +209,42 @@ def test_firewall_lets_peers_reach_pd_ports_and_clients_only_the_router():
     c = resolved().cluster
     n1, n2 = c.host("node1").firewall, c.host("node2").firewall
     assert n1.peers == n2.peers == ("198.18.0.11", "198.18.0.12")
-    assert n1.peer_ports == ("5600", "8100", "20000-20999", "29000", "32768-60999") and n1.client_ports == (8000,)
-    assert n2.peer_ports == ("5610", "8200", "20000-20999", "32768-60999") and n2.client_ports == ()
+    # Prometheus (9090) on the router host, node exporters (9100) on both: peers and admin networks only.
+    assert n1.peer_ports == ("5600", "8100", "9090", "9100", "20000-20999", "29000", "32768-60999")
+    assert n1.client_ports == (8000,)
+    assert n2.peer_ports == ("5610", "8200", "9100", "20000-20999", "32768-60999") and n2.client_ports == ()
     assert n1.client_networks == ("0.0.0.0/0",) and n1.admin_networks == ()
     hv = copy.deepcopy(CPU)
     for h in hv.values():
         h["pdinfra_firewall"] = False
     assert resolved(hv).cluster.host("node1").firewall is None
+
+
+def test_monitoring_targets_come_from_the_model_and_its_ports_must_be_free():
+    m = resolved().cluster.monitoring
+    assert m.host == "node1" and m.url == "http://198.18.0.11:9090"  # the router's host by default
+    assert m.targets["vllm"] == ("198.18.0.11:8100", "198.18.0.12:8200") and m.targets["router"] == (
+        "198.18.0.11:29000",
+    )
+    assert m.targets["node"] == ("198.18.0.11:9100", "198.18.0.12:9100") and "dcgm" not in m.targets
+    assert m.labels["198.18.0.12:8200"] == {"pd_role": "decode", "pd_instance": "decode0"}
+    hv = copy.deepcopy(CPU)
+    for h in hv.values():
+        h["pdinfra_monitoring_host"] = "node2"
+        h["pdinfra_node_exporter_port"] = 8200  # decode0's port on node2
+    probs = {(p.variable, p.host): p.message for p in resolved(hv).problems}
+    assert ("pdinfra_node_exporter_port", "node2") in probs and "decode0" in probs[
+        ("pdinfra_node_exporter_port", "node2")
+    ]
+    for h in hv.values():
+        h["pdinfra_node_exporter_port"] = 9100
+        h["pdinfra_monitoring_host"] = "node3"
+    probs = {p.variable: p.message for p in resolved(hv).problems}
+    assert "node3" in probs["pdinfra_monitoring_host"] and "node1" in probs["pdinfra_monitoring_host"]
+    for h in hv.values():
+        h["pdinfra_monitoring_host"] = "node1"
+        h["pdinfra_monitoring"] = False
+    assert resolved(hv).cluster.monitoring is None
 
 
 def test_extra_vars_given_as_strings_are_typed():
