@@ -264,6 +264,44 @@ def probe(
         raise typer.Exit(1)
 
 
+@app.command()
+def advise(
+    inventory: Inv = DEFAULT_INV,
+    window: Annotated[str, typer.Option(help="Prometheus range over which to judge, e.g. 10m, 1h.")] = "10m",
+    prometheus: Annotated[
+        str | None, typer.Option(help="Prometheus URL (default: the cluster's, from pdinfra_monitoring_host).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds per Prometheus query.")] = 10.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable advice on stdout.")] = False,
+) -> None:
+    """Judge the running cluster against its SLO from Prometheus's live metrics and advise: keep, rebalance
+    prefill:decode, add capacity, or try PD. Every figure comes with the PromQL that produced it (--json)."""
+    import re
+
+    from pdinfra.bench import advise as advise_mod
+
+    if not re.fullmatch(r"\d+[smhd]", window):
+        typer.echo(f"error: --window {window!r} must be a Prometheus duration such as 10m or 1h", err=True)
+        raise typer.Exit(2)
+    cluster = _cluster(inventory)
+    try:
+        result = advise_mod.run(cluster, window, prometheus, timeout)
+    except advise_mod.AdviseError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    con = Console(width=160)
+    con.print(f"[bold]pdinfra advise[/]: {result.layout} layout, last {result.window}, SLO {result.slo} "
+              f"(Prometheus {result.prometheus})")  # fmt: skip
+    for line in result.evidence:
+        con.print(f"  {line}")
+    con.print(f"[bold]{result.verdict}[/]: {result.summary}")
+    for act in result.actions:
+        con.print(f"  -> {act}")
+
+
 # ----------------------------------------------------------------------------- controller helpers used by roles
 @app.command()
 def wheelhouse(

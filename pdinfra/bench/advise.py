@@ -1,0 +1,208 @@
+"""`pdinfra advise`: live metrics from Prometheus (the pd_monitoring role's) -> SLO evidence per PD role -> advice.
+
+The same kind of recommendation as the bench report (aggregated vs PD, prefill:decode balance, capacity), but
+from what the running cluster served over a window, not from a sweep. Every figure is a PromQL query over the raw
+vLLM series (listed in the output), so the evidence can be checked in Prometheus. Heuristics, stated:
+
+- TTFT is judged at the SLO's attainment level (`pdinfra_slo.attainment`, 0.9: the P90 must meet `ttft_ms`),
+  ITL at P99 (`itl_p99_ms`).
+- PD: the client-visible TTFT is bounded by the prefill instances' request latency (their requests are the
+  one-token prefills) plus the decode instances' TTFT (from their arrival to the first token, KV transfer
+  included); the ITL is the decode instances'. TTFT over the SLO with prefill queueing more than decode -> move
+  capacity to prefill; ITL over the SLO with decode queueing or KV-cache pressure -> move capacity to decode.
+- Aggregated: ITL over the SLO while TTFT meets it is the seeds' case for PD (decode steps stalled by other
+  requests' prefills) -> try PD; TTFT over the SLO -> add instances or lower concurrency.
+- No traffic in the window, or no Prometheus: nothing is advised (unknown is never "within SLO").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import asdict, dataclass, field
+
+from pdinfra.cluster.model import Cluster
+from pdinfra.cluster.slo import SLO
+
+ROLES = ("prefill", "decode")
+
+# PromQL per signal, by pd_role (a label pd_monitoring puts on every vLLM series). {w} is the window.
+QUERIES = {
+    "requests_per_s": "sum by (pd_role) (rate(vllm:request_success_total[{w}]))",
+    # TTFT at the SLO's attainment level q (0.9: 90% of requests must meet the bound), ITL at P99 (its SLO's own).
+    "ttft_q_s": "histogram_quantile({q}, sum by (le, pd_role) (rate(vllm:time_to_first_token_seconds_bucket[{w}])))",
+    "itl_p99_s": "histogram_quantile(0.99, sum by (le, pd_role) (rate(vllm:inter_token_latency_seconds_bucket[{w}])))",
+    "e2e_q_s": "histogram_quantile({q}, sum by (le, pd_role) (rate(vllm:e2e_request_latency_seconds_bucket[{w}])))",
+    "queue_s": "sum by (pd_role) (rate(vllm:request_queue_time_seconds_sum[{w}])) "
+    "/ sum by (pd_role) (rate(vllm:request_queue_time_seconds_count[{w}]))",
+    "waiting": "avg by (pd_role) (avg_over_time(vllm:num_requests_waiting[{w}]))",
+    "kv_usage": "max by (pd_role) (max_over_time(vllm:kv_cache_usage_perc[{w}]))",
+    "instances_up": 'sum by (pd_role) (min_over_time(up{{job="vllm"}}[{w}]))',
+}
+KV_PRESSURE = 0.9  # KV-cache usage of decode instances that counts as pressure (as pd_monitoring's alert)
+
+
+class AdviseError(RuntimeError):
+    """Prometheus could not be asked (the message names the URL)."""
+
+
+@dataclass
+class RoleSignals:
+    role: str
+    instances: int  # declared in the cluster model
+    values: dict[str, float | None] = field(default_factory=dict)
+
+    def get(self, key: str) -> float | None:
+        return self.values.get(key)
+
+
+@dataclass
+class Advice:
+    layout: str
+    window: str
+    prometheus: str
+    slo: str
+    verdict: str  # within-slo | rebalance | add-capacity | try-pd | no-traffic
+    summary: str
+    actions: list[str]
+    evidence: list[str]
+    signals: dict[str, RoleSignals]
+    ttft_s: float | None  # client-visible TTFT at the SLO's attainment level (an upper bound under PD)
+    itl_p99_s: float | None
+    queries: dict[str, str]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def query(prometheus: str, expr: str, timeout: float = 10.0) -> dict[str, float | None]:
+    """An instant query -> {pd_role: value} (None for NaN: no samples to compute from)."""
+    url = f"{prometheus.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise AdviseError(f"Prometheus at {prometheus} did not answer {expr!r}: {exc}") from exc
+    if body.get("status") != "success":
+        raise AdviseError(f"Prometheus at {prometheus} refused {expr!r}: {body.get('error')}")
+    out: dict[str, float | None] = {}
+    for r in body["data"]["result"]:
+        v = float(r["value"][1])
+        out[r["metric"].get("pd_role", "")] = None if math.isnan(v) or math.isinf(v) else v
+    return out
+
+
+def queries(cluster: Cluster, window: str) -> dict[str, str]:
+    q = SLO.from_dict(cluster.slo).attainment
+    return {k: v.format(w=window, q=q) for k, v in QUERIES.items()}
+
+
+def gather(cluster: Cluster, prometheus: str, window: str, timeout: float = 10.0) -> dict[str, RoleSignals]:
+    signals = {role: RoleSignals(role, len(cluster.by_role(role))) for role in ROLES}
+    for key, expr in queries(cluster, window).items():
+        for role, v in query(prometheus, expr, timeout).items():
+            if role in signals:
+                signals[role].values[key] = v
+    return signals
+
+
+def _fmt(v: float | None, unit: str = "s") -> str:
+    if v is None:
+        return "n/a"
+    if unit == "s":
+        return f"{v * 1000:.0f} ms" if v < 10 else f"{v:.1f} s"
+    if unit == "%":
+        return f"{v * 100:.0f}%"
+    return f"{v:.2f}"
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
+
+
+def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prometheus: str) -> Advice:
+    slo = SLO.from_dict(cluster.slo)
+    p, d = signals["prefill"], signals["decode"]
+    layout = cluster.layout
+    rate = sum(s.get("requests_per_s") or 0.0 for s in signals.values())
+    if layout == "pd":
+        ttft = _add(p.get("e2e_q_s"), d.get("ttft_q_s"))
+        itl = d.get("itl_p99_s")
+    else:
+        ttfts = [s.get("ttft_q_s") for s in signals.values() if s.get("ttft_q_s") is not None]
+        itls = [s.get("itl_p99_s") for s in signals.values() if s.get("itl_p99_s") is not None]
+        ttft, itl = (max(ttfts) if ttfts else None), (max(itls) if itls else None)
+    evidence = [f"{rate:.2f} requests/s completed over the last {window}"]
+    pct = f"P{slo.attainment * 100:g}"
+    for s in signals.values():
+        evidence.append(
+            f"{s.role} ({s.instances} instance{'s' if s.instances != 1 else ''}): "
+            f"TTFT {pct} {_fmt(s.get('ttft_q_s'))}, ITL P99 {_fmt(s.get('itl_p99_s'))}, "
+            f"request {pct} {_fmt(s.get('e2e_q_s'))}, queue {_fmt(s.get('queue_s'))}, "
+            f"waiting {_fmt(s.get('waiting'), '')}, KV cache {_fmt(s.get('kv_usage'), '%')}"
+        )
+    tt_slo = None if slo.ttft_ms is None else slo.ttft_ms / 1000
+    itl_slo = None if slo.itl_p99_ms is None else slo.itl_p99_ms / 1000
+    evidence.append(f"client TTFT {pct} {'<= ' if layout == 'pd' else ''}{_fmt(ttft)}"
+                    f"{f' (SLO {_fmt(tt_slo)})' if tt_slo else ''}; ITL P99 {_fmt(itl)}"
+                    f"{f' (SLO {_fmt(itl_slo)})' if itl_slo else ''}")  # fmt: skip
+
+    exprs = queries(cluster, window)
+    slo_text = "none set" if slo.empty else slo.describe()
+
+    def advice(verdict: str, summary: str, actions: list[str]) -> Advice:
+        return Advice(layout, window, prometheus, slo_text, verdict, summary, actions, evidence, signals, ttft, itl,
+                      exprs)  # fmt: skip
+
+    if rate <= 0 or (ttft is None and itl is None):
+        return advice("no-traffic", f"no completed requests in the last {window}: nothing to judge", [])
+    if slo.empty:
+        return advice("no-slo", "pdinfra_slo sets no TTFT or ITL bound: the evidence is shown, nothing is judged",
+                      ["set pdinfra_slo (ttft_ms, itl_p99_ms) in group_vars"])  # fmt: skip
+    ttft_bad = tt_slo is not None and (ttft is None or ttft > tt_slo)
+    itl_bad = itl_slo is not None and (itl is None or itl > itl_slo)
+    n_p, n_d = p.instances, d.instances
+    if layout != "pd":
+        if itl_bad and not ttft_bad:
+            return advice("try-pd", "aggregated: ITL over the SLO while TTFT meets it: decode steps are stalled by "
+                          "other requests' prefills, the case disaggregation removes",
+                          ["set pdinfra_layout: pd (pdinfra bench compares both layouts on this hardware "
+                           "first)"])  # fmt: skip
+        if ttft_bad or itl_bad:
+            return advice("add-capacity", "aggregated: over the SLO on TTFT"
+                          f"{' and ITL' if itl_bad else ''}: more load than these instances serve within it",
+                          ["add instances, or lower the clients' concurrency (pdinfra bench finds the "
+                           "maximum)"])  # fmt: skip
+        return advice("within-slo", "aggregated: within the SLO at this load", [])
+    p_q, d_q = p.get("queue_s") or 0.0, d.get("queue_s") or 0.0
+    d_pressure = (d.get("kv_usage") or 0.0) >= KV_PRESSURE or (d.get("waiting") or 0.0) > 0.5
+    if ttft_bad and itl_bad:
+        return advice("add-capacity", f"PD {n_p}P:{n_d}D: over the SLO on both TTFT and ITL: the whole cluster is "
+                      "short at this load", ["add a prefill and a decode instance, or lower the clients' "
+                      "concurrency (pdinfra bench finds the maximum within the SLO)"])  # fmt: skip
+    if ttft_bad:
+        why = (f"prefill queues {_fmt(p_q)} against decode {_fmt(d_q)}" if p_q > d_q else
+               "prefill does not queue more than decode: the TTFT may be the KV transfer's (see pdinfra validate "
+               "--transfer)")  # fmt: skip
+        acts = [f"add a prefill instance ({n_p}P:{n_d}D -> {n_p + 1}P:{n_d}D)"]
+        if n_d > 1 and not d_pressure:
+            acts.append(f"or turn a decode instance into a prefill one ({n_p + 1}P:{n_d - 1}D): ITL has headroom")
+        return advice("rebalance", f"PD {n_p}P:{n_d}D: TTFT over the SLO, ITL within it; {why}", acts)
+    if itl_bad:
+        why = "decode holds waiting requests or a full KV cache" if d_pressure else "decode steps are slow"
+        acts = [f"add a decode instance ({n_p}P:{n_d}D -> {n_p}P:{n_d + 1}D)"]
+        if n_p > 1:
+            acts.append(f"or turn a prefill instance into a decode one ({n_p - 1}P:{n_d + 1}D): TTFT has headroom")
+        return advice("rebalance", f"PD {n_p}P:{n_d}D: ITL over the SLO, TTFT within it; {why}", acts)
+    return advice("within-slo", f"PD {n_p}P:{n_d}D: within the SLO at this load", [])
+
+
+def run(cluster: Cluster, window: str = "10m", prometheus: str | None = None, timeout: float = 10.0) -> Advice:
+    if prometheus is None:
+        if cluster.monitoring is None:
+            raise AdviseError("the cluster has no monitoring (pdinfra_monitoring is false); give --prometheus URL")
+        prometheus = cluster.monitoring.url
+    return decide(cluster, gather(cluster, prometheus, window, timeout), window, prometheus)
