@@ -171,6 +171,9 @@ def write(res: ProbeResult, out: Path) -> None:
                        ("pdinfra_probe.prom", prometheus_text(res))):  # fmt: skip
         tmp = out / f".{name}.tmp"
         tmp.write_text(text, encoding="utf-8")
+        # World-readable whatever the unit's UMask: the node exporter (user prometheus) exports the .prom file and
+        # validate reads last.json; neither holds a secret.
+        tmp.chmod(0o644)
         os.replace(tmp, out / name)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -102,10 +103,15 @@ def test_every_path_passes_when_kv_moves(stack, tmp_path: Path):
     cluster, *_ = stack
     res = probe.run(cluster, KEY, timeout=5)
     assert res.ok and [p.path for p in res.paths] == ["router", "prefill0->decode0"], res
-    probe.write(res, tmp_path)
+    old = os.umask(0o077)  # the unit's sandbox: files are private unless the probe says otherwise
+    try:
+        probe.write(res, tmp_path)
+    finally:
+        os.umask(old)
     last = json.loads((tmp_path / "last.json").read_text())
     assert last["schema"] == "pdinfra-probe/1" and last["ok"] and len(last["paths"]) == 2
     prom = (tmp_path / "pdinfra_probe.prom").read_text()
+    assert (tmp_path / "pdinfra_probe.prom").stat().st_mode & 0o777 == 0o644  # the node exporter reads it
     assert 'pdinfra_probe_success{path="router"} 1' in prom
     assert 'pdinfra_probe_success{path="prefill0->decode0"} 1' in prom
     assert "# TYPE pdinfra_probe_last_run_timestamp_seconds gauge" in prom
