@@ -45,6 +45,7 @@ def wait_until(pred, timeout: float, step: float = 1.0):
 
 def metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression reads (label names and values, functions and keywords removed)."""
+    expr = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", expr)  # grouping label lists
     expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
     expr = re.sub(r"\[[^\]]*\]", "", expr)  # ranges
     names = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", expr))
