@@ -138,8 +138,10 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
     evidence = [f"{rate:.2f} requests/s completed over the last {window}"]
     pct = f"P{slo.attainment * 100:g}"
     for s in signals.values():
+        up = s.get("instances_up")
         evidence.append(
-            f"{s.role} ({s.instances} instance{'s' if s.instances != 1 else ''}): "
+            f"{s.role} ({s.instances} instance{'s' if s.instances != 1 else ''}"
+            f"{'' if up is None else f', {up:g} up throughout'}): "
             f"TTFT {pct} {_fmt(s.get('ttft_q_s'))}, ITL P99 {_fmt(s.get('itl_p99_s'))}, "
             f"request {pct} {_fmt(s.get('e2e_q_s'))}, queue {_fmt(s.get('queue_s'))}, "
             f"waiting {_fmt(s.get('waiting'), '')}, KV cache {_fmt(s.get('kv_usage'), '%')}"

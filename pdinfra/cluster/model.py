@@ -102,6 +102,7 @@ class Monitoring:
     prometheus_port: int
     url: str
     node_exporter_port: int
+    dcgm_exporter_port: int
     scrape_interval_s: int
     retention_days: int
     # job -> "address:port" targets (vllm, router, node, dcgm)

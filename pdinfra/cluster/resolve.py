@@ -515,17 +515,15 @@ def _monitoring(ck: _Checker, hosts: list[Host], routers: list[Router], cluster_
         used.update({i.side_channel_port: f"{i.name}'s side channel" for i in h.instances})
         if h.router is not None:
             used.update({h.router.port: "the router", h.router.metrics_port: "the router's metrics"})
-        mine = {node_port: "pdinfra_node_exporter_port"}
+        mine = [(node_port, "pdinfra_node_exporter_port")]
         if h.name == host.name:
-            mine[prom] = "pdinfra_prometheus_port"
+            mine.append((prom, "pdinfra_prometheus_port"))
         if dcgm and h.gpu:
-            mine[dcgm_port] = "pdinfra_dcgm_exporter_port"
-        if len(mine) < 1 + (h.name == host.name) + (dcgm and h.gpu):
-            ck.add("pdinfra_prometheus_port", "the monitoring ports (Prometheus, node exporter, dcgm-exporter) must "
-                   "differ", h.name)  # fmt: skip
-        for port, var in mine.items():
+            mine.append((dcgm_port, "pdinfra_dcgm_exporter_port"))
+        for port, var in mine:
             if port in used:
                 ck.add(var, f"port {port} is already used by {used[port]}", h.name)
+            used.setdefault(port, var)  # the monitoring ports must differ from each other too
     targets = {
         "vllm": tuple(i.url.removeprefix("http://") for h in pd for i in h.instances),
         "router": tuple(f"{r.address}:{r.metrics_port}" for r in routers),
@@ -536,7 +534,7 @@ def _monitoring(ck: _Checker, hosts: list[Host], routers: list[Router], cluster_
     insts = [i for h in pd for i in h.instances]
     labels = {i.url.removeprefix("http://"): {"pd_role": i.role, "pd_instance": i.name} for i in insts}
     return Monitoring(host=host.name, address=str(host.address), prometheus_port=prom,
-                      url=f"http://{host.address}:{prom}", node_exporter_port=node_port,
+                      url=f"http://{host.address}:{prom}", node_exporter_port=node_port, dcgm_exporter_port=dcgm_port,
                       scrape_interval_s=int(cluster_value(PDINFRA["pdinfra_scrape_interval_s"])),
                       retention_days=int(cluster_value(PDINFRA["pdinfra_prometheus_retention_days"])),
                       targets=targets, labels=labels)  # fmt: skip
@@ -564,9 +562,9 @@ def _firewalls(
             spans.append((h.router.metrics_port, h.router.metrics_port))
             client = (h.router.port,)
         if monitoring is not None:  # scraped by Prometheus (a peer), queried from the admin networks
-            for job in ("node", "dcgm"):
-                spans += [(int(t.rsplit(":", 1)[1]),) * 2 for t in monitoring.targets.get(job, ())
-                          if t.rsplit(":", 1)[0] == h.address]  # fmt: skip
+            spans.append((monitoring.node_exporter_port, monitoring.node_exporter_port))
+            if f"{h.address}:{monitoring.dcgm_exporter_port}" in monitoring.targets.get("dcgm", ()):
+                spans.append((monitoring.dcgm_exporter_port, monitoring.dcgm_exporter_port))
             if monitoring.host == h.name:
                 spans.append((monitoring.prometheus_port, monitoring.prometheus_port))
         for lo, hi in spans:

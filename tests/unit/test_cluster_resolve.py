@@ -237,6 +237,10 @@ def test_monitoring_targets_come_from_the_model_and_its_ports_must_be_free():
         ("pdinfra_node_exporter_port", "node2")
     ]
     for h in hv.values():
+        h["pdinfra_node_exporter_port"] = 9090  # Prometheus's port on the monitoring host
+    probs = {(p.variable, p.host): p.message for p in resolved(hv).problems}
+    assert "pdinfra_node_exporter_port" in probs[("pdinfra_prometheus_port", "node2")], probs
+    for h in hv.values():
         h["pdinfra_node_exporter_port"] = 9100
         h["pdinfra_monitoring_host"] = "node3"
     probs = {p.variable: p.message for p in resolved(hv).problems}
