@@ -13,6 +13,11 @@ vLLM series (listed in the output), so the evidence can be checked in Prometheus
 - Aggregated: ITL over the SLO while TTFT meets it is the seeds' case for PD (decode steps stalled by other
   requests' prefills) -> try PD; TTFT over the SLO -> add instances or lower concurrency.
 - No traffic in the window, or no Prometheus: nothing is advised (unknown is never "within SLO").
+
+A verdict may carry a :class:`Change` that needs no new capacity (turn an instance of the role with headroom into
+one of the role that misses the SLO; switch an aggregated cluster to PD). ``pdinfra advise --apply`` writes it into
+the inventory (:mod:`pdinfra.bench.apply`). Adding instances needs hardware the inventory does not describe: that
+stays advice.
 """
 
 from __future__ import annotations
@@ -42,7 +47,27 @@ QUERIES = {
     "kv_usage": "max by (pd_role) (max_over_time(vllm:kv_cache_usage_perc[{w}]))",
     "instances_up": 'sum by (pd_role) (min_over_time(up{{job="vllm"}}[{w}]))',
 }
+# Bucket rates per (pd_role, le), for the attainment estimate.
+BUCKET_QUERIES = {
+    "ttft": "sum by (le, pd_role) (rate(vllm:time_to_first_token_seconds_bucket[{w}]))",
+    "e2e": "sum by (le, pd_role) (rate(vllm:e2e_request_latency_seconds_bucket[{w}]))",
+}
 KV_PRESSURE = 0.9  # KV-cache usage of decode instances that counts as pressure (as pd_monitoring's alert)
+
+
+@dataclass
+class Change:
+    """What ``--apply`` writes into the inventory: ``retarget`` (the instance ``instance`` on ``host``, entry
+    ``index`` of its ``pdinfra_instances``, becomes ``name`` with role ``role``) or ``layout``."""
+
+    kind: str  # retarget | layout
+    summary: str
+    host: str = ""
+    index: int = -1
+    instance: str = ""
+    role: str = ""
+    name: str = ""
+    layout: str = ""
 
 
 class AdviseError(RuntimeError):
@@ -73,6 +98,13 @@ class Advice:
     ttft_s: float | None  # client-visible TTFT at the SLO's attainment level (an upper bound under PD)
     itl_p99_s: float | None
     queries: dict[str, str]
+    change: Change | None = None
+    requests_per_s: float = 0.0
+    shape: str = ""  # "PD 1P:2D" or "aggregated, 3 instances"
+    ttft_attainment: float | None = None  # estimated share of requests whose client TTFT meets the SLO
+    goodput_per_s: float | None = None  # completed requests/s within the TTFT SLO (rate x attainment)
+    goodput_per_gpu: float | None = None  # per GPU on GPU clusters, per instance on CPU ones (goodput_unit)
+    goodput_unit: str = "GPU"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,6 +127,53 @@ def query(prometheus: str, expr: str, timeout: float = 10.0) -> dict[str, float 
     return out
 
 
+def query_buckets(prometheus: str, expr: str, timeout: float = 10.0) -> dict[str, list[tuple[float, float]]]:
+    """A ``sum by (le, pd_role)`` bucket-rate query -> {pd_role: [(upper bound, cumulative rate)] by bound}."""
+    url = f"{prometheus.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise AdviseError(f"Prometheus at {prometheus} did not answer {expr!r}: {exc}") from exc
+    if body.get("status") != "success":
+        raise AdviseError(f"Prometheus at {prometheus} refused {expr!r}: {body.get('error')}")
+    out: dict[str, list[tuple[float, float]]] = {}
+    for r in body["data"]["result"]:
+        le, v = r["metric"].get("le"), float(r["value"][1])
+        if le is not None and not math.isnan(v):
+            out.setdefault(r["metric"].get("pd_role", ""), []).append((float(le), v))
+    return {role: sorted(b) for role, b in out.items()}
+
+
+def pmf(buckets: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Cumulative bucket rates -> (upper bound, probability): every sample placed at its bucket's upper bound, so
+    sums of them are never under-estimated. Empty when the window saw no samples."""
+    total = buckets[-1][1] if buckets and math.isinf(buckets[-1][0]) else 0.0
+    if total <= 0:
+        return []
+    out, prev = [], 0.0
+    for le, cum in buckets:
+        if cum > prev:
+            out.append((le, (cum - prev) / total))
+        prev = max(prev, cum)
+    return out
+
+
+def share_within(parts: list[list[tuple[float, float]]], bound: float) -> float | None:
+    """P(sum of independent parts <= bound), each part a :func:`pmf` (a conservative estimate: upper bounds)."""
+    if not parts or any(not p for p in parts):
+        return None
+    dist: dict[float, float] = {0.0: 1.0}
+    for part in parts:
+        nxt: dict[float, float] = {}
+        for a, pa in dist.items():
+            for b, pb in part:
+                if a + b <= bound:  # the rest can only grow: drop it
+                    nxt[a + b] = nxt.get(a + b, 0.0) + pa * pb
+        dist = nxt
+    return min(1.0, sum(dist.values()))
+
+
 def queries(cluster: Cluster, window: str) -> dict[str, str]:
     q = SLO.from_dict(cluster.slo).attainment
     return {k: v.format(w=window, q=q) for k, v in QUERIES.items()}
@@ -107,6 +186,12 @@ def gather(cluster: Cluster, prometheus: str, window: str, timeout: float = 10.0
             if role in signals:
                 signals[role].values[key] = v
     return signals
+
+
+def gather_buckets(prometheus: str, window: str, timeout: float = 10.0) -> dict[str, dict[str, list]]:
+    """{"ttft"|"e2e": {pd_role: pmf}} over the window."""
+    return {k: {role: pmf(b) for role, b in query_buckets(prometheus, e.format(w=window), timeout).items()}
+            for k, e in BUCKET_QUERIES.items()}  # fmt: skip
 
 
 def _fmt(v: float | None, unit: str = "s") -> str:
@@ -123,11 +208,33 @@ def _add(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a + b
 
 
-def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prometheus: str) -> Advice:
+def retarget(cluster: Cluster, from_role: str, to_role: str) -> Change:
+    """Turn one ``from_role`` instance into a ``to_role`` one: the instance on the host that already runs the most
+    ``to_role`` instances (other hosts stay single-role, as HGX PD clusters are laid out), the last by name on a
+    tie. It keeps its ports, CPUs and GPUs; it gets the first free ``<to_role><k>`` name."""
+
+    def colocated(i) -> int:
+        return sum(j.host == i.host and j.role == to_role for j in cluster.instances)
+
+    inst = max(cluster.by_role(from_role), key=lambda i: (colocated(i), i.name))
+    names = {i.name for i in cluster.instances}
+    name = next(f"{to_role}{k}" for k in range(len(names) + 1) if f"{to_role}{k}" not in names)
+    n_p, n_d = len(cluster.by_role("prefill")), len(cluster.by_role("decode"))
+    after = (n_p + 1, n_d - 1) if to_role == "prefill" else (n_p - 1, n_d + 1)
+    return Change("retarget", f"{inst.name} on {inst.host} becomes {to_role} instance {name}: "
+                  f"{n_p}P:{n_d}D -> {after[0]}P:{after[1]}D", host=inst.host, index=inst.index,
+                  instance=inst.name, role=to_role, name=name)  # fmt: skip
+
+
+def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prometheus: str,
+           buckets: dict[str, dict[str, list]] | None = None) -> Advice:  # fmt: skip
     slo = SLO.from_dict(cluster.slo)
     p, d = signals["prefill"], signals["decode"]
     layout = cluster.layout
-    rate = sum(s.get("requests_per_s") or 0.0 for s in signals.values())
+    # Client requests completed: under PD each is counted by the prefill instance (its 1-token prefill) and again
+    # by the decode instance, so the decode side's count is the client's.
+    rate = (d.get("requests_per_s") or 0.0) if layout == "pd" else sum(s.get("requests_per_s") or 0.0
+                                                                          for s in signals.values())  # fmt: skip
     if layout == "pd":
         ttft = _add(p.get("e2e_q_s"), d.get("ttft_q_s"))
         itl = d.get("itl_p99_s")
@@ -151,13 +258,37 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
     evidence.append(f"client TTFT {pct} {'<= ' if layout == 'pd' else ''}{_fmt(ttft)}"
                     f"{f' (SLO {_fmt(tt_slo)})' if tt_slo else ''}; ITL P99 {_fmt(itl)}"
                     f"{f' (SLO {_fmt(itl_slo)})' if itl_slo else ''}")  # fmt: skip
+    attained = goodput = per_unit = None
+    gpus = sum(i.gpu_count for i in cluster.instances) if cluster.profile == "gpu" else 0
+    unit = "GPU" if gpus else "instance"
+    if tt_slo is not None and buckets:
+        if layout == "pd":  # the prefill request, then the decode instance's first token (KV transfer included)
+            parts = [buckets["e2e"].get("prefill", []), buckets["ttft"].get("decode", [])]
+        else:  # every instance serves whole requests: their TTFT samples together
+            merged: dict[float, float] = {}
+            for role_pmf, role in ((buckets["ttft"].get(r, []), r) for r in ROLES):
+                w = (signals[role].get("requests_per_s") or 0.0) / rate if rate else 0.0
+                for le, pr in role_pmf:
+                    merged[le] = merged.get(le, 0.0) + pr * w
+            parts = [sorted(merged.items())]
+        attained = share_within(parts, tt_slo)
+        if attained is not None:
+            goodput = rate * attained
+            per_unit = goodput / (gpus or max(1, len(cluster.instances)))
+            evidence.append(f"TTFT SLO attainment ~{attained * 100:.0f}% (estimated from the histograms"
+                            f"{': prefill request + decode TTFT, each at its bucket bound' if layout == 'pd' else ''}"
+                            f"); goodput {goodput:.2f} requests/s, {per_unit:.3f} per {unit}")  # fmt: skip
 
-    exprs = queries(cluster, window)
+    exprs = queries(cluster, window) | {f"{k}_buckets": e.format(w=window) for k, e in BUCKET_QUERIES.items()}
+    shape = (f"PD {p.instances}P:{d.instances}D" if layout == "pd" else
+             f"aggregated, {len(cluster.instances)} instance{'s' if len(cluster.instances) != 1 else ''}")  # fmt: skip
     slo_text = "none set" if slo.empty else slo.describe()
 
-    def advice(verdict: str, summary: str, actions: list[str]) -> Advice:
+    def advice(verdict: str, summary: str, actions: list[str], change: Change | None = None) -> Advice:
+        if change is not None:
+            actions = [*actions, f"--apply: {change.summary}"]
         return Advice(layout, window, prometheus, slo_text, verdict, summary, actions, evidence, signals, ttft, itl,
-                      exprs)  # fmt: skip
+                      exprs, change, rate, shape, attained, goodput, per_unit, unit)  # fmt: skip
 
     if rate <= 0 or (ttft is None and itl is None):
         return advice("no-traffic", f"no completed requests in the last {window}: nothing to judge", [])
@@ -172,7 +303,7 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
             return advice("try-pd", "aggregated: ITL over the SLO while TTFT meets it: decode steps are stalled by "
                           "other requests' prefills, the case disaggregation removes",
                           ["set pdinfra_layout: pd (pdinfra bench compares both layouts on this hardware "
-                           "first)"])  # fmt: skip
+                           "first)"], Change("layout", "pdinfra_layout: agg -> pd", layout="pd"))  # fmt: skip
         if ttft_bad or itl_bad:
             return advice("add-capacity", "aggregated: over the SLO on TTFT"
                           f"{' and ITL' if itl_bad else ''}: more load than these instances serve within it",
@@ -190,15 +321,19 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
                "prefill does not queue more than decode: the TTFT may be the KV transfer's (see pdinfra validate "
                "--transfer)")  # fmt: skip
         acts = [f"add a prefill instance ({n_p}P:{n_d}D -> {n_p + 1}P:{n_d}D)"]
+        change = None
         if n_d > 1 and not d_pressure:
             acts.append(f"or turn a decode instance into a prefill one ({n_p + 1}P:{n_d - 1}D): ITL has headroom")
-        return advice("rebalance", f"PD {n_p}P:{n_d}D: TTFT over the SLO, ITL within it; {why}", acts)
+            change = retarget(cluster, "decode", "prefill")
+        return advice("rebalance", f"PD {n_p}P:{n_d}D: TTFT over the SLO, ITL within it; {why}", acts, change)
     if itl_bad:
         why = "decode holds waiting requests or a full KV cache" if d_pressure else "decode steps are slow"
         acts = [f"add a decode instance ({n_p}P:{n_d}D -> {n_p}P:{n_d + 1}D)"]
+        change = None
         if n_p > 1:
             acts.append(f"or turn a prefill instance into a decode one ({n_p - 1}P:{n_d + 1}D): TTFT has headroom")
-        return advice("rebalance", f"PD {n_p}P:{n_d}D: ITL over the SLO, TTFT within it; {why}", acts)
+            change = retarget(cluster, "prefill", "decode")
+        return advice("rebalance", f"PD {n_p}P:{n_d}D: ITL over the SLO, TTFT within it; {why}", acts, change)
     return advice("within-slo", f"PD {n_p}P:{n_d}D: within the SLO at this load", [])
 
 
@@ -207,4 +342,5 @@ def run(cluster: Cluster, window: str = "10m", prometheus: str | None = None, ti
         if cluster.monitoring is None:
             raise AdviseError("the cluster has no monitoring (pdinfra_monitoring is false); give --prometheus URL")
         prometheus = cluster.monitoring.url
-    return decide(cluster, gather(cluster, prometheus, window, timeout), window, prometheus)
+    signals = gather(cluster, prometheus, window, timeout)
+    return decide(cluster, signals, window, prometheus, gather_buckets(prometheus, window, timeout))

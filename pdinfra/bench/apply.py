@@ -1,0 +1,135 @@
+"""``pdinfra advise --apply``: the advice's :class:`~pdinfra.bench.advise.Change` -> inventory edits -> the
+serving and monitoring plays -> the same advice measured again.
+
+Order, so that nothing on a host is touched by a change that does not resolve:
+
+1. plan the edits (:mod:`pdinfra.cluster.edit`: only the scalars change, the rest of each file is kept byte for
+   byte) and resolve a copy of the inventory with them applied; problems end here, nothing written;
+2. show the edits as a unified diff (the caller asks before going on) and save it beside the run log;
+3. write the inventory, run ``site.yml --tags serving,monitoring`` (a retargeted instance's old unit is retired
+   by vllm_instance, the router, firewall, probe and Prometheus targets follow the model);
+4. wait one window of traffic and judge it again, so the before/after pair covers the same length of time.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdinfra import paths
+from pdinfra.bench.advise import Advice, Change
+from pdinfra.cluster import edit
+from pdinfra.cluster.inventory import load_cluster
+from pdinfra.cluster.model import Cluster
+from pdinfra.playbook import run_playbook
+
+TAGS = "serving,monitoring"
+
+
+class ApplyError(RuntimeError):
+    pass
+
+
+@dataclass
+class Plan:
+    change: Change
+    edits: list[edit.Edit]
+    after: Cluster  # the cluster model the edited inventory resolves to
+
+    def diff(self, root: Path | None = None) -> str:
+        return "".join(e.diff(root) for e in self.edits)
+
+
+def edits_for(source: Path, change: Change) -> list[edit.Edit]:
+    if change.kind == "retarget":
+        return [edit.retarget_instance(source, change.host, change.index, change.role, change.name)]
+    if change.kind == "layout":
+        return [edit.set_cluster_var(source, "pdinfra_layout", change.layout,
+                                     comment="set by pdinfra advise --apply")]  # fmt: skip
+    raise ApplyError(f"unknown change kind {change.kind!r}")
+
+
+def _inventory_copy(source: Path, dest: Path) -> Path:
+    """The inventory file (or directory) with its group_vars and host_vars, copied under dest."""
+    inv_dir = source if source.is_dir() else source.parent
+    for sub in ("group_vars", "host_vars"):
+        if (inv_dir / sub).is_dir():
+            shutil.copytree(inv_dir / sub, dest / sub)
+    if source.is_dir():
+        for p in source.iterdir():
+            if p.is_file():
+                shutil.copy2(p, dest / p.name)
+        return dest
+    shutil.copy2(source, dest / source.name)
+    return dest / source.name
+
+
+def plan(source: Path, advice: Advice) -> Plan:
+    """The edits of the advice's change, checked by resolving the edited inventory in a scratch copy (raises
+    ClusterError / InventoryError / EditError with the variable, host and file; nothing is written)."""
+    if advice.change is None:
+        raise ApplyError(f"the advice ({advice.verdict}) has no change that --apply can make: "
+                         + ("; ".join(advice.actions) or "nothing to change"))  # fmt: skip
+    source = Path(source)
+    edits = edits_for(source, advice.change)
+    inv_dir = source if source.is_dir() else source.parent
+    with tempfile.TemporaryDirectory(prefix="pdinfra-apply-") as tmp:
+        copy = _inventory_copy(source, Path(tmp))
+        for e in edits:
+            target = Path(tmp) / e.path.relative_to(inv_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(e.after, encoding="utf-8")
+        after = load_cluster(copy)
+    return Plan(advice.change, edits, after)
+
+
+def window_seconds(window: str) -> int:
+    m = re.fullmatch(r"(\d+)([smhd])", window)
+    if not m:
+        raise ApplyError(f"window {window!r} is not a Prometheus duration such as 10m")
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def deploy(source: Path, p: Plan, log_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """Write the inventory, run the serving and monitoring plays; the diff and the play's log are kept in
+    log_dir. Returns the log. A failed play leaves the edited inventory in place (the fix is to re-run, or to
+    revert with the saved diff: ``patch -R -p1 < change.diff`` in the inventory directory)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    source = Path(source)
+    inv_dir = source if source.is_dir() else source.parent
+    (log_dir / "change.diff").write_text(p.diff(inv_dir), encoding="utf-8")
+    edit.write(p.edits)
+    if progress:
+        progress(f"inventory written ({', '.join(e.what for e in p.edits)}); running site.yml --tags {TAGS}")
+    res = run_playbook(source, "site.yml", ["--tags", TAGS], log=log_dir / "deploy.log", timeout_s=3600,
+                       progress=progress)  # fmt: skip
+    if res.rc != 0:
+        tail = res.log.read_text(errors="replace")[-3000:]
+        raise ApplyError(f"the serving play failed after the inventory was changed (log: {res.log}; the diff to "
+                         f"revert: {log_dir / 'change.diff'}):\n{tail}")  # fmt: skip
+    return res.log
+
+
+def default_log_dir() -> Path:
+    return paths.state_dir() / "advise" / time.strftime("%Y%m%d-%H%M%S")
+
+
+def compare(before: Advice, after: Advice) -> list[tuple[str, str, str]]:
+    """(quantity, before, after) rows: the same window length, the same queries, either side of the change."""
+
+    def ms(v: float | None) -> str:
+        return "n/a" if v is None else f"{v * 1000:.0f} ms"
+
+    return [
+        ("deployment", before.shape, after.shape),
+        ("verdict", before.verdict, after.verdict),
+        ("requests/s completed", f"{before.requests_per_s:.2f}", f"{after.requests_per_s:.2f}"),
+        ("client TTFT at the SLO's attainment level", ms(before.ttft_s), ms(after.ttft_s)),
+        ("ITL P99", ms(before.itl_p99_s), ms(after.itl_p99_s)),
+        ("SLO", before.slo, after.slo),
+    ]
