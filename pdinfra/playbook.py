@@ -129,3 +129,23 @@ def run_playbook(
     say(f"ansible-playbook exited {rc} after {seconds:.0f} s; changed={sum(h['changed'] for h in recap.values())}"
         f"; full log: {log}")  # fmt: skip
     return PlaybookResult(rc, log, recap, seconds)
+
+
+def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float = 600) -> dict:
+    """One ad-hoc module run on one inventory host; its result as Ansible's tree callback saved it
+    (``{"failed": True, "msg": ...}`` when Ansible left none)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="pdinfra-adhoc-") as tree:
+        env = ansible_env(ANSIBLE_NOCOLOR="1", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+                          ANSIBLE_CALLBACKS_ENABLED="tree", ANSIBLE_CALLBACK_TREE_DIR=tree)  # fmt: skip
+        cmd = [ansible_bin("ansible"), "-i", str(inventory), host, "-m", module, "-a", json.dumps(args)]
+        try:
+            res = subprocess.run(cmd, cwd=paths.REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"failed": True, "msg": f"ansible {module} on {host} did not finish within {timeout_s:.0f} s"}
+        try:
+            return json.loads((Path(tree) / host).read_text())
+        except (OSError, ValueError):
+            return {"failed": True, "msg": (res.stdout + res.stderr)[-2000:]}

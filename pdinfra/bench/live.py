@@ -13,9 +13,6 @@ Layouts on the same hardware:
 
 from __future__ import annotations
 
-import json
-import subprocess
-import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -23,8 +20,7 @@ from typing import Any
 from pdinfra.bench.plan import BenchEndpoints, BenchPoint, Instance, LayoutEndpoint
 from pdinfra.cluster.inventory import load_cluster
 from pdinfra.cluster.model import Cluster
-from pdinfra.paths import REPO
-from pdinfra.playbook import ansible_bin, ansible_env, run_playbook
+from pdinfra.playbook import adhoc, run_playbook
 
 
 class LiveBenchError(RuntimeError):
@@ -122,15 +118,7 @@ class AnsibleExecutor:
 
     def _ansible(self, module: str, args: dict[str, Any]) -> dict[str, Any]:
         """One ad-hoc module run on the host; its result as Ansible's tree callback saved it."""
-        with tempfile.TemporaryDirectory(prefix="pdinfra-bench-") as tree:
-            env = ansible_env(ANSIBLE_NOCOLOR="1", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-                              ANSIBLE_CALLBACKS_ENABLED="tree", ANSIBLE_CALLBACK_TREE_DIR=tree)  # fmt: skip
-            cmd = [ansible_bin("ansible"), "-i", str(self.inventory), self.host, "-m", module, "-a", json.dumps(args)]
-            res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=self.timeout_s)
-            try:
-                return json.loads((Path(tree) / self.host).read_text())
-            except (OSError, ValueError):
-                return {"failed": True, "msg": (res.stdout + res.stderr)[-2000:]}
+        return adhoc(self.inventory, self.host, module, args, self.timeout_s)
 
     def __call__(self, argv: list[str], point: BenchPoint) -> Path:
         remote_dir = argv[argv.index("--result-dir") + 1]

@@ -198,7 +198,16 @@ def small_plan() -> BenchPlan:
     return BenchPlan(name="small", input_lens=(256,), output_lens=(32,), concurrencies=(1, 2, 4))
 
 
-PLANS = {"default": default_plan, "seeds": default_plan, "small": small_plan}
+def kv_trace_plan() -> BenchPlan:
+    """Load for recording KV layout traces on the local stack (vllm_instance_kv_trace; docs/transfer.md): PD only,
+    prompts of varied length (256 and 1024 tokens +-50%), half of them sharing a 192-token prefix (prefix-cache
+    hits on both sides), 8-token answers, concurrency 1, 4 and 8."""
+    return BenchPlan(name="kv-trace", layouts=("pd",), input_lens=(256, 1024), output_lens=(8,),
+                     concurrencies=(1, 4, 8), prompts_per_concurrency=8, prefix_lens=(0, 192),
+                     range_ratio=0.5)  # fmt: skip
+
+
+PLANS = {"default": default_plan, "seeds": default_plan, "small": small_plan, "kv-trace": kv_trace_plan}
 
 
 def get_plan(name: str, **overrides: Any) -> BenchPlan:

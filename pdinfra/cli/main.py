@@ -27,6 +27,11 @@ bench_app = typer.Typer(no_args_is_help=True, help="SLO benchmarks: vllm bench s
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(model_app, name="model")
 app.add_typer(bench_app, name="bench")
+kvtrace_app = typer.Typer(
+    no_args_is_help=True,
+    help="KV layout traces: the block IDs decode instances really read (vllm_instance_kv_trace: true).",
+)
+app.add_typer(kvtrace_app, name="kv-trace")
 console = Console(stderr=True, soft_wrap=True)
 
 Inv = Annotated[
@@ -272,34 +277,114 @@ def advise(
         str | None, typer.Option(help="Prometheus URL (default: the cluster's, from pdinfra_monitoring_host).")
     ] = None,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds per Prometheus query.")] = 10.0,
+    apply: Annotated[
+        bool,
+        typer.Option(
+            "--apply",
+            help="Write the advised change into the inventory (shown as a diff first), run "
+            "site.yml --tags serving,monitoring, then wait one --window of traffic and judge again.",
+        ),
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="With --apply: do not ask before writing the inventory.")] = False,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --apply: where the diff, the play's log and both advices go "
+            "(default: the state directory's advise/<time>)."
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable advice on stdout.")] = False,
 ) -> None:
     """Judge the running cluster against its SLO from Prometheus's live metrics and advise: keep, rebalance
-    prefill:decode, add capacity, or try PD. Every figure comes with the PromQL that produced it (--json)."""
+    prefill:decode, add capacity, or try PD. Every figure comes with the PromQL that produced it (--json).
+    --apply makes the change that needs no new hardware and measures again."""
     import re
+    import sys
 
     from pdinfra.bench import advise as advise_mod
+    from pdinfra.bench import apply as apply_mod
+    from pdinfra.cluster.edit import EditError
+    from pdinfra.cluster.inventory import InventoryError
+    from pdinfra.cluster.resolve import ClusterError
 
     if not re.fullmatch(r"\d+[smhd]", window):
         typer.echo(f"error: --window {window!r} must be a Prometheus duration such as 10m or 1h", err=True)
         raise typer.Exit(2)
+    if apply and not yes and not sys.stdin.isatty():
+        typer.echo("error: --apply asks before writing the inventory; without a terminal give --yes", err=True)
+        raise typer.Exit(2)
     cluster = _cluster(inventory)
-    try:
-        result = advise_mod.run(cluster, window, prometheus, timeout)
-    except advise_mod.AdviseError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    if json_out:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+    con = Console(width=160, stderr=json_out)
+
+    def judge(c) -> advise_mod.Advice:
+        try:
+            return advise_mod.run(c, window, prometheus, timeout)
+        except advise_mod.AdviseError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+
+    def show(a: advise_mod.Advice) -> None:
+        con.print(f"[bold]pdinfra advise[/]: {a.shape}, last {a.window}, SLO {a.slo} (Prometheus {a.prometheus})")
+        for line in a.evidence:
+            con.print(f"  {line}")
+        con.print(f"[bold]{a.verdict}[/]: {a.summary}")
+        for act in a.actions:
+            con.print(f"  -> {act}")
+
+    before = judge(cluster)
+    if json_out and not apply:
+        typer.echo(json.dumps(before.to_dict(), indent=2))
         return
-    con = Console(width=160)
-    con.print(f"[bold]pdinfra advise[/]: {result.layout} layout, last {result.window}, SLO {result.slo} "
-              f"(Prometheus {result.prometheus})")  # fmt: skip
-    for line in result.evidence:
-        con.print(f"  {line}")
-    con.print(f"[bold]{result.verdict}[/]: {result.summary}")
-    for act in result.actions:
-        con.print(f"  -> {act}")
+    show(before)
+    if not apply:
+        return
+    try:
+        plan = apply_mod.plan(inventory, before)
+    except apply_mod.ApplyError as exc:
+        con.print(f"--apply: nothing to apply: {exc}")
+        if json_out:
+            typer.echo(json.dumps({"before": before.to_dict(), "applied": False}, indent=2))
+        return
+    except (EditError, InventoryError) as exc:
+        typer.echo(f"error: --apply: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    except ClusterError as exc:
+        typer.echo(f"error: --apply: the edited inventory does not resolve; nothing written:\n{exc}", err=True)
+        raise typer.Exit(1) from exc
+    inv_dir = inventory if inventory.is_dir() else inventory.parent
+    con.print(f"[bold]--apply[/]: {plan.change.summary}; the inventory change ({inv_dir}):")
+    con.print(plan.diff(inv_dir), markup=False, highlight=False)
+    if not yes and not typer.confirm("Write it and deploy?", default=False, err=True):
+        con.print("nothing written")
+        raise typer.Exit(1)
+    logs = log_dir or apply_mod.default_log_dir()
+    try:
+        apply_mod.deploy(inventory, plan, logs, progress=lambda m: con.print(f"  {m}", markup=False, highlight=False))
+    except (apply_mod.ApplyError, EditError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    wait_s = apply_mod.window_seconds(window)
+    con.print(f"deployed; measuring again over {window} of traffic on the new deployment (until "
+              f"{time.strftime('%H:%M:%S', time.localtime(time.time() + wait_s))})")  # fmt: skip
+    t_end = time.monotonic() + wait_s
+    while (left := t_end - time.monotonic()) > 0:
+        time.sleep(min(30.0, left))
+        if t_end - time.monotonic() > 1:
+            con.print(f"  {t_end - time.monotonic():.0f} s to go")
+    after = judge(plan.after)
+    show(after)
+    table = Table(title=f"before and after the change, each over {window}")
+    for col in ("", "before", "after"):
+        table.add_column(col)
+    for row in apply_mod.compare(before, after):
+        table.add_row(*row)
+    con.print(table)
+    (logs / "advice-before.json").write_text(json.dumps(before.to_dict(), indent=2) + "\n")
+    (logs / "advice-after.json").write_text(json.dumps(after.to_dict(), indent=2) + "\n")
+    con.print(f"diff, play log and both advices: {logs}")
+    if json_out:
+        typer.echo(json.dumps({"before": before.to_dict(), "applied": True, "diff": plan.diff(inv_dir),
+                               "after": after.to_dict(), "log_dir": str(logs)}, indent=2))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- controller helpers used by roles
@@ -340,6 +425,85 @@ def transfer_target() -> None:
     from pdinfra.transfer.remote import serve
 
     serve()
+
+
+@kvtrace_app.command("collect")
+def kv_trace_collect(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where the merged trace goes (JSON lines).")],
+    inventory: Inv = DEFAULT_INV,
+    reset: Annotated[
+        bool, typer.Option("--reset", help="Empty each instance's trace after fetching it (the next load starts anew).")
+    ] = False,
+) -> None:
+    """Fetch every decode instance's trace (/var/lib/pdinfra/<instance>/kv-trace.jsonl) into one file."""
+    import tempfile
+
+    from pdinfra.playbook import adhoc
+    from pdinfra.transfer import trace as trace_mod
+
+    cluster = _cluster(inventory)
+    decodes = cluster.by_role("decode")
+    if not decodes:
+        typer.echo("error: the cluster has no decode instance", err=True)
+        raise typer.Exit(2)
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="pdinfra-kvtrace-") as tmp:
+        for inst in decodes:
+            src = f"/var/lib/pdinfra/{inst.name}/kv-trace.jsonl"
+            dest = Path(tmp) / f"{inst.name}.jsonl"
+            got = adhoc(inventory, inst.host, "ansible.builtin.fetch", {"src": src, "dest": str(dest), "flat": True,
+                                                                         "fail_on_missing": False})  # fmt: skip
+            if got.get("failed"):
+                typer.echo(f"error: {inst.host}: cannot fetch {src}: {got.get('msg')}", err=True)
+                raise typer.Exit(1)
+            if not dest.exists():
+                console.print(f"{inst.name} on {inst.host}: no trace (is vllm_instance_kv_trace true, and did PD "
+                              "requests run?)")  # fmt: skip
+                continue
+            recs = [ln for ln in dest.read_text().splitlines() if ln.strip()]
+            console.print(f"{inst.name} on {inst.host}: {len(recs)} reads")
+            lines += [json.dumps(json.loads(ln) | {"instance": inst.name}, separators=(",", ":")) for ln in recs]
+            if reset:
+                adhoc(inventory, inst.host, "ansible.builtin.shell", {"cmd": f": > {src}"})
+    lines.sort(key=lambda ln: json.loads(ln).get("t", 0))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(ln + "\n" for ln in lines))
+    try:
+        trace_mod.load(out)
+    except trace_mod.TraceError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    console.print(f"{len(lines)} reads -> {out}")
+
+
+@kvtrace_app.command("show")
+def kv_trace_show(
+    files: Annotated[list[Path], typer.Argument(help="Trace files (pdinfra kv-trace collect).")],
+    json_out: Annotated[bool, typer.Option("--json", help="The summaries as JSON.")] = False,
+) -> None:
+    """Run lengths of a trace: how many descriptors per layer NIXL really moves per request, and the merge
+    factor (blocks per descriptor). Runs count only where decode and prefill block IDs both go up by one."""
+    from pdinfra.transfer import trace as trace_mod
+
+    sums = []
+    for f in files:
+        try:
+            sums.append(trace_mod.summary(trace_mod.load(f)))
+        except trace_mod.TraceError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    if json_out:
+        typer.echo(json.dumps(sums, indent=2))
+        return
+    buckets = sorted({k for s in sums for k in s["blocks_in_runs"]}, key=lambda k: int(k.split("-")[0]))
+    table = Table(title="KV layout traces: share of moved blocks by the length of the run they are in")
+    for col in ("trace", "reads", "blocks/read p50", "runs", "blocks/run", "sorted: blocks/run", *buckets):
+        table.add_column(col, justify="right" if col != "trace" else "left")
+    for s in sums:
+        shares = [f"{s['blocks_in_runs'].get(b, 0) * 100:.0f}%" for b in buckets]
+        table.add_row(Path(s["file"]).name, str(s["reads"]), f"{s['blocks_per_read']['median']:g}", str(s["runs"]),
+                      f"{s['merge_factor']:.2f}", f"{s['merge_factor_sorted']:.2f}", *shares)  # fmt: skip
+    Console(width=160).print(table)
 
 
 @model_app.command("tiny")

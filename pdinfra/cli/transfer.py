@@ -105,7 +105,13 @@ def transfer_cmd(
     batches: Annotated[
         str | None, typer.Option(help="many-descriptor batches COUNTxSIZE, e.g. 4096x16KiB; 'none' for none")
     ] = None,
-    layouts: Annotated[str | None, typer.Option(help="contig and/or scatter descriptor layouts")] = None,
+    layouts: Annotated[
+        str | None,
+        typer.Option(
+            help="contig, scatter, packed (cross-layer blocks, scattered) and/or trace:FILE (a KV layout trace "
+            "recorded by vllm_instance_kv_trace; replayed as recorded and with each request's blocks sorted)"
+        ),
+    ] = None,
     model_shape: Annotated[
         str | None, typer.Option("--model-shape", help="KV preset: gpt-oss-120b, llama-3.1-8b, llama-3.1-70b, tiny")
     ] = None,
@@ -138,9 +144,22 @@ def transfer_cmd(
 
     if model_shape is not None and model_shape.strip().lower() not in kvshape.PRESETS:
         raise _bad("--model-shape", f"{model_shape!r}; known: {', '.join(sorted(kvshape.PRESETS))}")
-    bad_layouts = [x for x in _csv(layouts) if x not in ("contig", "scatter")]
+    kv_trace = None
+    layout_names = []
+    for x in _csv(layouts):
+        if x.startswith("trace:"):
+            from pdinfra.transfer import trace as trace_mod
+
+            try:
+                kv_trace = trace_mod.load(x[len("trace:") :])
+            except trace_mod.TraceError as exc:
+                raise _bad("--layouts", str(exc)) from exc
+            layout_names += ["trace", "trace-sorted"]
+        else:
+            layout_names.append(x)
+    bad_layouts = [x for x in layout_names if x not in ("contig", "scatter", "packed", "trace", "trace-sorted")]
     if bad_layouts:
-        raise _bad("--layouts", f"{', '.join(bad_layouts)}: want contig and/or scatter")
+        raise _bad("--layouts", f"{', '.join(bad_layouts)}: want contig, scatter, packed and/or trace:FILE")
     blocks = _ints(block_size, "--block-size", 1)
     if not blocks or any(b & (b - 1) for b in blocks):
         raise _bad("--block-size", f"{block_size!r}: want powers of two, e.g. 16,64")
@@ -156,7 +175,8 @@ def transfer_cmd(
         ops=ops,
         sizes=_sizes(sizes) or None,
         batches=_batches(batches),
-        layouts=tuple(_csv(layouts)) or None,
+        layouts=tuple(layout_names) or None,
+        kv_trace=kv_trace,
         model_shape=model_shape,
         prompt_tokens=prompt_tokens,
         block_sizes=blocks,

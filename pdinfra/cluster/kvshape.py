@@ -1,10 +1,14 @@
 """KV-cache geometry of the models pdinfra serves, and what moving it from prefill to decode costs.
 
-The numbers come from the models' published ``config.json`` files. The descriptor layout follows vLLM's
-``NixlConnector`` with the FlashAttention-style cache (``[2, num_blocks, ...]`` per layer, HND layout, the
-connector's default): every attention layer registers two regions (K and V), and a request moves one
-descriptor per region per block, each ``block_size * kv_heads_per_rank * head_dim * dtype_bytes`` long.
-With cross-layer blocks (one block holds K and V of every layer) a request moves one descriptor per block.
+The numbers come from the models' published ``config.json`` files. The descriptor layout follows vLLM 0.32/0.33's
+``NixlConnector`` with the FlashAttention cache (``[num_blocks, kv_heads, block_size, 2 * head_dim]`` per layer:
+K and V packed in the content dimension, HND, the connector's default): every attention layer registers one
+region, and a request moves one descriptor per layer per block, each
+``block_size * kv_heads_per_rank * 2 * head_dim * dtype_bytes`` long (vLLM's ``nixl/base_worker.py``: "K and V
+are packed into the content dim, so each attention layer is a single NIXL region"). Before 0.32 (and in the
+first pdinfra plans, recorded under docs/runs/ until 2026-12-01) K and V were two regions: twice the descriptors
+of half the length. With cross-layer blocks (one block holds every layer) a request moves one descriptor per
+block; vLLM 0.33's NixlConnector does that only for MLA models (``VLLM_KV_CACHE_LAYOUT=BLHNC``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ class KVShape:
     note: str = ""
 
 
+# vLLM 0.33's NixlConnector supports the hybrid KV-cache manager (SupportsHMA), so vLLM keeps it on with the
+# connector and a sliding-window layer moves only its window's tail: ceil(window / block_size) + 1 blocks
+# (nixl/base_scheduler.py). Earlier vLLMs turned it off with any connector, and every layer moved every block.
+SWA_TRIM = True
+
+
 def _alternating(num_layers: int) -> tuple[int, ...]:
     return tuple(range(0, num_layers, 2))
 
@@ -48,8 +58,8 @@ PRESETS: dict[str, KVShape] = {
         sliding_window=128,
         # config.json layer_types alternates, starting with "sliding_attention" at layer 0.
         sliding_layers=_alternating(36),
-        note="18 of 36 layers use a 128-token sliding window; vLLM disables the hybrid KV cache manager "
-        "when a KV connector is set, so by default every layer moves every block",
+        note="18 of 36 layers use a 128-token sliding window; with vLLM 0.33's NixlConnector (hybrid KV cache "
+        "manager on) those layers move only the window's last blocks",
     ),
     "llama-3.1-8b": KVShape(
         name="llama-3.1-8b",
@@ -136,8 +146,8 @@ def bytes_per_token(shape: KVShape, tp: int = 1) -> int:
 
 
 def block_len(shape: KVShape, block_size: int, tp: int = 1) -> int:
-    """Bytes of one descriptor: one block of K (or of V) of one layer on one rank."""
-    return block_size * kv_heads_per_rank(shape, tp) * shape.head_dim * shape.dtype_bytes
+    """Bytes of one descriptor: one block of one layer, K and V together, on one rank."""
+    return 2 * block_size * kv_heads_per_rank(shape, tp) * shape.head_dim * shape.dtype_bytes
 
 
 def blocks_for_prompt(prompt_tokens: int, block_size: int) -> int:
@@ -147,7 +157,7 @@ def blocks_for_prompt(prompt_tokens: int, block_size: int) -> int:
     return math.ceil(max(0, prompt_tokens) / block_size)
 
 
-def blocks_per_layer(shape: KVShape, prompt_tokens: int, block_size: int, swa_trim: bool = False) -> list[int]:
+def blocks_per_layer(shape: KVShape, prompt_tokens: int, block_size: int, swa_trim: bool = SWA_TRIM) -> list[int]:
     """Blocks each layer moves. With ``swa_trim`` sliding-window layers move only their window's blocks."""
     full = blocks_for_prompt(prompt_tokens, block_size)
     out = []
@@ -165,18 +175,18 @@ def descriptors_per_request(
     block_size: int,
     tp: int = 1,
     cross_layer: bool = False,
-    swa_trim: bool = False,
+    swa_trim: bool = SWA_TRIM,
 ) -> int:
     """Descriptors one request's transfer holds on one rank, as vLLM's NixlConnector lays them out."""
     del tp  # every rank moves the same number of descriptors; only their length depends on tp
     if cross_layer:
         return blocks_for_prompt(prompt_tokens, block_size)
-    return 2 * sum(blocks_per_layer(shape, prompt_tokens, block_size, swa_trim))
+    return sum(blocks_per_layer(shape, prompt_tokens, block_size, swa_trim))
 
 
-def request_bytes(shape: KVShape, prompt_tokens: int, block_size: int, tp: int = 1, swa_trim: bool = False) -> int:
+def request_bytes(shape: KVShape, prompt_tokens: int, block_size: int, tp: int = 1, swa_trim: bool = SWA_TRIM) -> int:
     """Bytes one rank moves for one request (whole blocks, so a partly filled last block counts in full)."""
-    return 2 * sum(blocks_per_layer(shape, prompt_tokens, block_size, swa_trim)) * block_len(shape, block_size, tp)
+    return sum(blocks_per_layer(shape, prompt_tokens, block_size, swa_trim)) * block_len(shape, block_size, tp)
 
 
 @dataclass(frozen=True)
@@ -208,7 +218,7 @@ def kv_budget(
     block_size: int = 16,
     tp: int = 1,
     cross_layer: bool = False,
-    swa_trim: bool = False,
+    swa_trim: bool = SWA_TRIM,
     per_descriptor_s: float = 0.0,
 ) -> KVBudget:
     """Bytes moved for one prompt and the TTFT the transfer adds.
@@ -233,7 +243,7 @@ def kv_budget(
         tp=tp,
         blocks=blocks_for_prompt(prompt_tokens, block_size),
         descriptors_per_rank=descs,
-        descriptor_bytes=block_len(shape, block_size, tp) * (2 * shape.num_layers if cross_layer else 1),
+        descriptor_bytes=block_len(shape, block_size, tp) * (shape.num_layers if cross_layer else 1),
         bytes_per_rank=per_rank,
         bytes_total=per_rank * tp,
         measured_gbps=measured_gbps,

@@ -16,11 +16,11 @@ Nothing else in NIXL or vLLM is changed, and with neither variable set nothing i
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 from dataclasses import dataclass
+
+from pdinfra.serving import importhook
 
 ENV_DELAY = "PDINFRA_NIXL_PTHR_DELAY_US"
 ENV_PROG = "PDINFRA_NIXL_PROG_THREAD"
@@ -80,39 +80,10 @@ def patch_module(module: object, tuning: Tuning) -> bool:
     return True
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, tuning: Tuning) -> None:
-        self._inner = inner
-        self._tuning = tuning
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self._inner.exec_module(module)
-        patch_module(module, self._tuning)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def __init__(self, tuning: Tuning) -> None:
-        self._tuning = tuning
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _TARGETS:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _Loader(spec.loader, self._tuning)
-        return spec
-
-
 def install() -> None:
     """Called from the .pth file: arm the import hook when a variable is set."""
     tuning = from_env()
-    if not tuning.active or any(isinstance(f, _Finder) for f in sys.meta_path):
+    if not tuning.active:
         return
     for name in _TARGETS:
-        if name in sys.modules:
-            patch_module(sys.modules[name], tuning)
-    sys.meta_path.insert(0, _Finder(tuning))
+        importhook.on_import(name, lambda m: patch_module(m, tuning))

@@ -4,9 +4,11 @@ the model's geometry, pdinfra.cluster.kvshape)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pdinfra.cluster import kvshape
+from pdinfra.transfer import trace
 from pdinfra.transfer.fmt import GIB, KIB, MIB, fmt_bytes
 
 NIXL_MISSING = "NIXL not installed: pip install 'nixl==1.5.1' 'nixl-cu13==1.5.1' (or nixl-cu12 on CUDA 12)"
@@ -114,18 +116,37 @@ def _slots(count: int, layout: str) -> list[int]:
 
 
 def kv_slots(
-    shape: kvshape.KVShape, prompt_tokens: int, block_size: int, tp: int, layout: str
+    shape: kvshape.KVShape,
+    prompt_tokens: int,
+    block_size: int,
+    tp: int,
+    layout: str,
+    breaks: list[bool] | None = None,
 ) -> tuple[int, list[int]]:
-    """Descriptor length and slots of one request laid out like vLLM's NixlConnector (HND, K/V regions).
+    """Descriptor length and slots of one request laid out like vLLM 0.32/0.33's NixlConnector (HND, one region
+    per layer holding K and V; kvshape's docstring).
 
-    Every layer has a K and a V region of ``pool`` blocks; the request owns ``blocks`` of them, adjacent
-    ("contig") or every other one ("scatter").
+    Every layer has a region of ``pool`` blocks; the request owns ``blocks`` of them (a sliding-window layer
+    moves only the last ``ceil(window / block_size) + 1``, kvshape.SWA_TRIM): adjacent ("contig"), every other
+    one ("scatter"), every other one of a single cross-layer region whose block holds all layers ("packed": one
+    descriptor per block, what a connector with cross-layer blocks moves), or with gaps where a recorded trace's
+    runs break ("trace", and "trace-sorted" with each recorded request's blocks sorted first: ``breaks`` from
+    :func:`pdinfra.transfer.trace.break_pattern`).
     """
     blen = kvshape.block_len(shape, block_size, tp)
     blocks = kvshape.blocks_for_prompt(prompt_tokens, block_size)
-    step = 2 if layout == "scatter" else 1
-    pool = blocks * step
-    slots = [r * pool + b * step for r in range(2 * shape.num_layers) for b in range(blocks)]
+    if layout == "packed":  # cross-layer blocks: one region, a block holds every layer; scattered
+        return blen * shape.num_layers, [2 * b for b in range(blocks)]
+    if layout.startswith("trace"):
+        if breaks is None or len(breaks) != blocks - 1:
+            raise ValueError("a trace layout needs blocks - 1 break flags")
+        pos = trace.slots_for(breaks)
+    else:
+        step = 2 if layout == "scatter" else 1
+        pos = [b * step for b in range(blocks)]
+    pool = pos[-1] + 2 if pos else 1
+    per_layer = kvshape.blocks_per_layer(shape, prompt_tokens, block_size)  # sliding layers: the window's tail
+    slots = [r * pool + p for r in range(shape.num_layers) for p in pos[len(pos) - per_layer[r] :]]
     return blen, slots
 
 
@@ -139,6 +160,7 @@ def plan_cases(
     block_sizes: tuple[int, ...] = (16,),
     tp: int = 1,
     kv_plain: bool = False,
+    kv_trace: trace.Trace | None = None,
 ) -> list[CaseSpec]:
     """The case list of one session: single descriptors, many-descriptor batches, KV-shaped requests."""
     cases: list[CaseSpec] = []
@@ -146,7 +168,7 @@ def plan_cases(
         for size in sizes:
             cases.append(CaseSpec(f"{op} 1x{fmt_bytes(size)}", op, "prepped", size, [0]))
         for count, size in batches:
-            for layout in layouts:
+            for layout in (x for x in layouts if x in ("contig", "scatter")):
                 for mode in ("plain", "prepped"):
                     cases.append(
                         CaseSpec(
@@ -161,7 +183,13 @@ def plan_cases(
         if shape is not None:
             for bs in block_sizes:
                 for layout in layouts:
-                    blen, slots = kv_slots(shape, prompt_tokens, bs, tp, layout)
+                    if layout.startswith("trace") and kv_trace is None:
+                        continue
+                    breaks = None
+                    if layout.startswith("trace") and kv_trace is not None:
+                        breaks = trace.break_pattern(kv_trace, kvshape.blocks_for_prompt(prompt_tokens, bs),
+                                                     sort=layout == "trace-sorted")  # fmt: skip
+                    blen, slots = kv_slots(shape, prompt_tokens, bs, tp, layout, breaks)
                     modes = ("plain", "prepped") if kv_plain else ("prepped",)
                     for mode in modes:
                         kv = {
@@ -171,6 +199,9 @@ def plan_cases(
                             "tp": tp,
                             "bytes_per_token": kvshape.bytes_per_token(shape, tp),
                         }
+                        if breaks is not None:
+                            kv["trace"] = Path(kv_trace.path).name
+                            kv["runs"] = sum(breaks) + 1
                         cases.append(
                             CaseSpec(
                                 f"{op} kv:{shape.name} {prompt_tokens}tok B{bs} {layout} {mode}",

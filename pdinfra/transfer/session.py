@@ -275,6 +275,7 @@ class BenchConfig:
     sizes: tuple[int, ...] | None = None
     batches: tuple[tuple[int, int], ...] | None = None
     layouts: tuple[str, ...] | None = None
+    kv_trace: Any = None  # pdinfra.transfer.trace.Trace for the "trace" layout
     model_shape: str | None = None
     prompt_tokens: int | None = None
     block_sizes: tuple[int, ...] = (16,)
@@ -316,6 +317,7 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict[str, Any]:
         cfg.block_sizes,
         cfg.tp,
         cfg.kv_plain,
+        cfg.kv_trace,
     )
     # host<->GPU between processes goes over tcp without an RDMA NIC: keep that session short.
     host_gpu_cases = [c for c in cases if c.descs == 1 and c.bytes_per_xfer <= 16 * MIB]

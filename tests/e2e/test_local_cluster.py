@@ -219,6 +219,32 @@ def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     assert (again / "report.md").read_text() == md
 
 
+def test_kv_trace_records_the_blocks_vllm_reads(cluster):
+    """The local inventory sets vllm_instance_kv_trace: the decode instances recorded every NIXL READ of the
+    smoke and bench requests (pdinfra.serving.kv_trace). This checks that the installed vLLM still has the
+    method the hook wraps (it fails when vLLM renames it: then update the hook), and that the trace holds real
+    block IDs: as many decode blocks as prefill blocks per read, all inside each side's pool."""
+    host = cluster["hosts"][1]
+    check = ("/opt/pdinfra/venv/bin/python -c 'import vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker "
+             "as m; from pdinfra.serving import kv_trace; print(\"target:\", kv_trace.check_target(m))'")  # fmt: skip
+    res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), check], log="73-kv-trace-target", timeout=300)
+    assert "target: None" in res.stdout, res.stdout + res.stderr
+    out = LOG_DIR / "kv-trace.jsonl"
+    res = run([str(BIN / "pdinfra"), "kv-trace", "collect", "-o", str(out)], log="74-kv-trace-collect", timeout=600)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {r["instance"] for r in recs} == {"decode0", "decode1"}, {r["instance"] for r in recs}
+    for r in recs:
+        assert [len(g) for g in r["local_xfer"]] == [len(g) for g in r["remote_xfer"]], r
+        assert all(0 <= b < r["local_pool"] for g in r["local"] for b in g), r
+        assert all(0 <= b < r["remote_pool"] for g in r["remote"] for b in g), r
+    summary = json.loads(run([str(BIN / "pdinfra"), "kv-trace", "show", "--json", str(out)],
+                             log="75-kv-trace-show", check=True).stdout)[0]  # fmt: skip
+    print(f"\nkv trace: {summary['reads']} reads, {summary['blocks']} blocks in {summary['runs']} runs "
+          f"(merge factor {summary['merge_factor']}, sorted {summary['merge_factor_sorted']})")
+    assert summary["reads"] >= 2 and summary["blocks"] >= summary["runs"] >= 1
+
+
 RAILS = REPO / "tests" / "e2e" / "inventory-rails" / "hosts.yml"
 
 

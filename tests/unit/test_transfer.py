@@ -176,7 +176,9 @@ def test_recorded_h200_results():
     assert one_gib.verdict == "pass" and one_gib.eff_copy > 0.9 and one_gib.eff_link > 0.75
     scatter = next(r for r in gg if r.case == "READ kv:gpt-oss-120b 8192tok B16 scatter prepped" and r.num_threads == 0)
     contig = next(r for r in gg if r.case == "READ kv:gpt-oss-120b 8192tok B16 contig prepped" and r.num_threads == 0)
-    assert scatter.descs == contig.descs == kvshape.descriptors_per_request(kvshape.get_shape("gpt-oss-120b"), 8192, 16)
+    # recorded with the pre-0.32 plan (K and V in two regions per layer): twice today's descriptor count
+    today = kvshape.descriptors_per_request(kvshape.get_shape("gpt-oss-120b"), 8192, 16, swa_trim=False)
+    assert scatter.descs == contig.descs == 2 * today
     assert scatter.verdict == "warn" and "descriptor-bound" in scatter.reason
     assert contig.verdict == "pass" and contig.gbps > 50 * scatter.gbps
 
@@ -208,9 +210,18 @@ def test_plans_and_layouts():
     shape = kvshape.get_shape("gpt-oss-120b")
     blen, contig = T.kv_slots(shape, 8192, 16, 1, "contig")
     _, scatter = T.kv_slots(shape, 8192, 16, 1, "scatter")
-    assert blen == 16384 and len(contig) == len(scatter) == 36864
-    assert contig == list(range(36864))
+    # one region per layer of 512 blocks (K and V together), the regions one slot apart (as in vLLM's cache);
+    # layer 0 slides (window 128): only its last 9 blocks move
+    assert blen == 32768 and len(contig) == len(scatter) == 18 * 512 + 18 * 9 == 9378
+    assert contig[:9] == list(range(503, 512)) and contig[9:9 + 512] == list(range(513, 513 + 512))
     assert all(b - a >= 2 for a, b in zip(scatter, scatter[1:], strict=False))  # nothing adjacent to merge
+    _, traced = T.kv_slots(shape, 64, 16, 1, "trace", [False, True, False])
+    # blocks 0-1 and 2-3 adjacent, a break between them, in each layer's region
+    assert traced[:8] == [0, 1, 3, 4, 6, 7, 9, 10] and len(traced) == 36 * 4  # 64 tokens: nothing to trim
+    pblen, packed = T.kv_slots(shape, 8192, 16, 1, "packed")  # cross-layer blocks: one descriptor per block
+    assert pblen == 36 * 32768 and packed == [2 * b for b in range(512)]
+    with pytest.raises(ValueError, match="break flags"):
+        T.kv_slots(shape, 64, 16, 1, "trace", [False])
     cases = T.plan_cases(("READ",), (1 << 20,), ((64, 16384),), ("scatter",), kvshape.get_shape("tiny"), 256, (16,))
     assert [c.name for c in cases] == [
         "READ 1x1MiB",
@@ -218,7 +229,7 @@ def test_plans_and_layouts():
         "READ 64x16KiB scatter prepped",
         "READ kv:tiny 256tok B16 scatter prepped",
     ]
-    assert cases[-1].descs == 2 * 2 * 16 and cases[-1].kv["bytes_per_token"] == 4096
+    assert cases[-1].descs == 2 * 16 and cases[-1].kv["bytes_per_token"] == 4096
     s3 = T.plan_sessions([0, 1, 2], cases)
     assert [s.label for s in s3] == [
         "VRAM0->VRAM1 thr0",
@@ -305,7 +316,7 @@ def test_real_dram_transfer_over_tcp_loopback(tmp_path):
         assert r.iters == 3 and r.gbps > 0 and r.latency_s > 0
         assert r.verdict in ("pass", "warn") and r.eff_copy is not None
     kv = next(r for r in results if r.kv)
-    assert kv.descs == kvshape.descriptors_per_request(tiny, 256, 16) == 64
+    assert kv.descs == kvshape.descriptors_per_request(tiny, 256, 16) == 32
     assert kv.bytes_per_xfer == kvshape.request_bytes(tiny, 256, 16)
     assert (tmp_path / "cpu_tcp.initiator.log").exists()
 
