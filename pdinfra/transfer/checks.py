@@ -7,11 +7,16 @@ layout the cluster really uses. Without a cluster model (a host pdinfra did not 
 gpt-oss-120b at block size 64 on GPU hosts and the tiny model on CPU hosts, and says so in the report.
 The measurement is pdinfra.transfer's two-process benchmark with a compact plan (one run well under a minute
 on a 2-GPU host). Each measured case becomes a CheckResult in layer "transfer".
+
+Besides blocks adjacent on both sides (the best case), the KV request is also measured with the block layout a
+busy server really hands NIXL: the layout trace recorded on the local stack under load (``traces/local-busy
+.jsonl``, docs/transfer.md "KV layout traces"), replayed with the deployed geometry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pdinfra import transfer as T
@@ -19,10 +24,13 @@ from pdinfra.cluster import kvshape
 from pdinfra.cluster.model import Cluster
 from pdinfra.host import linklimits
 from pdinfra.host.checks import CheckResult
+from pdinfra.transfer import trace as kvtrace
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 FALLBACK_GPU = ("gpt-oss-120b", 64, 1, None)
 FALLBACK_CPU = ("tiny", 32, 1, "bfloat16")
+#: The realistic layout: block IDs recorded by the local stack's decode instances under a churned pool.
+BUSY_TRACE = Path(__file__).resolve().parent / "traces" / "local-busy.jsonl"
 
 
 @dataclass(frozen=True)
@@ -57,11 +65,13 @@ def compact_config(facts: dict[str, Any], iters: int = 10, plan: KVPlan | None =
     lim = linklimits.limits(facts)
     gpu = gpu_host(facts)
     plan = plan or kv_plan(gpu)
+    busy = kvtrace.load(BUSY_TRACE) if BUSY_TRACE.exists() else None
     return T.BenchConfig(
         ops=("READ", "WRITE"),
         sizes=(64 * KIB, 16 * MIB, 1 * GIB) if gpu else (64 * KIB, 16 * MIB),
         batches=((1024, 256 * KIB),) if gpu else ((256, 16 * KIB),),
-        layouts=("contig",),
+        layouts=("contig", "trace") if busy else ("contig",),
+        kv_trace=busy,
         model_shape=plan.model_shape,
         prompt_tokens=8192 if gpu else 1024,
         block_sizes=(plan.block_size,),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pdinfra import transfer as T
+from pdinfra.cluster import kvshape
 from pdinfra.host import linklimits
 from pdinfra.host.facts import gather
 from pdinfra.transfer import checks as transfer_checks
@@ -50,3 +52,17 @@ def test_recorded_run_meets_the_issue_targets():
 def test_compact_plan_on_a_cpu_host_is_small():
     cfg = transfer_checks.compact_config({"gpus": {"present": False}})
     assert cfg.model_shape == "tiny" and max(cfg.sizes) <= 16 * 1024**2 and cfg.link_gbps is None
+
+
+def test_the_validator_also_measures_the_recorded_busy_layout():
+    """Besides adjacent blocks, the KV request is replayed with the block layout the local stack's decode
+    instances recorded under a recycled pool (shipped with pdinfra, so every node has it)."""
+    assert transfer_checks.BUSY_TRACE.is_file()
+    cfg = transfer_checks.compact_config({"gpus": {"present": True, "count": 2}})
+    assert cfg.layouts == ("contig", "trace") and cfg.kv_trace is not None
+    cases = T.plan_cases(("READ",), (), (), cfg.layouts, kvshape.get_shape(cfg.model_shape), 8192,
+                         cfg.block_sizes, cfg.tp, kv_trace=cfg.kv_trace)  # fmt: skip
+    contig, busy = cases
+    assert busy.layout == "trace" and busy.kv["trace"] == "local-busy.jsonl"
+    assert busy.descs == contig.descs and busy.span > contig.span  # same blocks, runs broken as recorded
+    assert 1 < busy.kv["runs"] <= kvshape.blocks_for_prompt(8192, cfg.block_sizes[0])
