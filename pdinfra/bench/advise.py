@@ -110,8 +110,8 @@ class Advice:
         return asdict(self)
 
 
-def query(prometheus: str, expr: str, timeout: float = 10.0) -> dict[str, float | None]:
-    """An instant query -> {pd_role: value} (None for NaN: no samples to compute from)."""
+def _instant(prometheus: str, expr: str, timeout: float) -> list[dict]:
+    """An instant query's result vector (the message names the URL and the expression when it fails)."""
     url = f"{prometheus.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -120,8 +120,13 @@ def query(prometheus: str, expr: str, timeout: float = 10.0) -> dict[str, float 
         raise AdviseError(f"Prometheus at {prometheus} did not answer {expr!r}: {exc}") from exc
     if body.get("status") != "success":
         raise AdviseError(f"Prometheus at {prometheus} refused {expr!r}: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def query(prometheus: str, expr: str, timeout: float = 10.0) -> dict[str, float | None]:
+    """An instant query -> {pd_role: value} (None for NaN: no samples to compute from)."""
     out: dict[str, float | None] = {}
-    for r in body["data"]["result"]:
+    for r in _instant(prometheus, expr, timeout):
         v = float(r["value"][1])
         out[r["metric"].get("pd_role", "")] = None if math.isnan(v) or math.isinf(v) else v
     return out
@@ -129,16 +134,8 @@ def query(prometheus: str, expr: str, timeout: float = 10.0) -> dict[str, float 
 
 def query_buckets(prometheus: str, expr: str, timeout: float = 10.0) -> dict[str, list[tuple[float, float]]]:
     """A ``sum by (le, pd_role)`` bucket-rate query -> {pd_role: [(upper bound, cumulative rate)] by bound}."""
-    url = f"{prometheus.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            body = json.loads(resp.read())
-    except (OSError, ValueError) as exc:
-        raise AdviseError(f"Prometheus at {prometheus} did not answer {expr!r}: {exc}") from exc
-    if body.get("status") != "success":
-        raise AdviseError(f"Prometheus at {prometheus} refused {expr!r}: {body.get('error')}")
     out: dict[str, list[tuple[float, float]]] = {}
-    for r in body["data"]["result"]:
+    for r in _instant(prometheus, expr, timeout):
         le, v = r["metric"].get("le"), float(r["value"][1])
         if le is not None and not math.isnan(v):
             out.setdefault(r["metric"].get("pd_role", ""), []).append((float(le), v))
