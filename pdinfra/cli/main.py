@@ -453,8 +453,11 @@ def kv_trace_collect(
             dest = Path(tmp) / f"{inst.name}.jsonl"
             got = adhoc(inventory, inst.host, "ansible.builtin.fetch", {"src": src, "dest": str(dest), "flat": True,
                                                                          "fail_on_missing": False})  # fmt: skip
-            if got.get("failed"):
+            if got.get("failed") or got.get("unreachable"):
                 typer.echo(f"error: {inst.host}: cannot fetch {src}: {got.get('msg')}", err=True)
+                raise typer.Exit(1)
+            if not dest.exists() and "does not exist" not in str(got.get("msg", "")).lower():
+                typer.echo(f"error: {inst.host}: {src} was not fetched: {got.get('msg') or 'no reason'}", err=True)
                 raise typer.Exit(1)
             if not dest.exists():
                 console.print(f"{inst.name} on {inst.host}: no trace (is vllm_instance_kv_trace true, and did PD "
@@ -463,8 +466,11 @@ def kv_trace_collect(
             recs = [ln for ln in dest.read_text().splitlines() if ln.strip()]
             console.print(f"{inst.name} on {inst.host}: {len(recs)} reads")
             lines += [json.dumps(json.loads(ln) | {"instance": inst.name}, separators=(",", ":")) for ln in recs]
-            if reset:
-                adhoc(inventory, inst.host, "ansible.builtin.shell", {"cmd": f": > {src}"})
+            if reset:  # reads appended between the fetch and this are lost: reset between loads, not during one
+                cut = adhoc(inventory, inst.host, "ansible.builtin.shell", {"cmd": f": > {src}"})
+                if cut.get("failed") or cut.get("unreachable"):
+                    typer.echo(f"error: {inst.host}: cannot empty {src}: {cut.get('msg')}", err=True)
+                    raise typer.Exit(1)
     lines.sort(key=lambda ln: json.loads(ln).get("t", 0))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(ln + "\n" for ln in lines))

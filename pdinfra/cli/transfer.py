@@ -157,6 +157,8 @@ def transfer_cmd(
             layout_names += ["trace", "trace-sorted"]
         else:
             layout_names.append(x)
+    if ("trace" in layout_names or "trace-sorted" in layout_names) and kv_trace is None:
+        raise _bad("--layouts", "trace needs a file: trace:FILE (pdinfra kv-trace collect)")
     bad_layouts = [x for x in layout_names if x not in ("contig", "scatter", "packed", "trace", "trace-sorted")]
     if bad_layouts:
         raise _bad("--layouts", f"{', '.join(bad_layouts)}: want contig, scatter, packed and/or trace:FILE")

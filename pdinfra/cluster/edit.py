@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,4 +200,6 @@ def write(edits: list[Edit]) -> None:
         e.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = e.path.with_name(f".{e.path.name}.pdinfra-tmp")
         tmp.write_text(e.after, encoding="utf-8")
+        if e.path.exists():
+            shutil.copymode(e.path, tmp)  # a 0600 host_vars file stays 0600
         tmp.replace(e.path)

@@ -232,6 +232,8 @@ def kv_budget(
         shape = get_shape(shape)
     if measured_gbps <= 0:
         raise ValueError("measured_gbps must be > 0")
+    if cross_layer:  # a cross-layer block holds every layer: nothing is trimmed for the sliding window
+        swa_trim = False
     per_rank = request_bytes(shape, prompt_tokens, block_size, tp, swa_trim)
     transfer_s = per_rank / (measured_gbps * 1e9)
     descs = descriptors_per_request(shape, prompt_tokens, block_size, tp, cross_layer, swa_trim)

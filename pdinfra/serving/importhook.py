@@ -19,13 +19,20 @@ class _Loader(importlib.abc.Loader):
         self._inner = inner
         self._callbacks = callbacks
 
+    def __getattr__(self, name: str):  # get_source, is_package, get_resource_reader, ...: the real loader's
+        return getattr(self._inner, name)
+
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module) -> None:
         self._inner.exec_module(module)
         for cb in self._callbacks:
-            cb(module)
+            try:
+                cb(module)
+            except Exception as exc:  # noqa: BLE001 - a hook must never make the import fail
+                print(f"pdinfra import hook on {module.__name__}: {type(exc).__name__}: {exc} (left unpatched)",
+                      file=sys.stderr, flush=True)  # fmt: skip
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -53,7 +60,11 @@ def _finder() -> _Finder:
 
 
 def on_import(name: str, callback: Callback) -> None:
-    """callback(module) once ``name`` is imported (at once if it already is)."""
+    """callback(module) once ``name`` is imported (at once if it already is). A callback that raises is reported
+    on stderr and the module stays as it was imported."""
     if name in sys.modules:
-        callback(sys.modules[name])
+        try:
+            callback(sys.modules[name])
+        except Exception as exc:  # noqa: BLE001
+            print(f"pdinfra import hook on {name}: {type(exc).__name__}: {exc} (left unpatched)", file=sys.stderr)
     _finder().callbacks.setdefault(name, []).append(callback)

@@ -107,8 +107,8 @@ def wrap_read_blocks(orig, writer: Writer):
                 rec.setdefault("remote_xfer", rec["remote"])
                 try:
                     writer.write(rec)
-                except OSError as exc:
-                    _warn("write", f"cannot write {writer.path}: {exc}")
+                except Exception as exc:  # noqa: BLE001 - recording must never break a transfer
+                    _warn("write", f"cannot write {writer.path}: {type(exc).__name__}: {exc}")
 
     _read_blocks.__pdinfra_kv_trace__ = True
     return _read_blocks

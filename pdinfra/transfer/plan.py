@@ -201,6 +201,7 @@ def plan_cases(
                         }
                         if breaks is not None:
                             kv["trace"] = Path(kv_trace.path).name
+                            kv["trace_block_size"] = kv_trace.block_size  # the runs are replayed block for block
                             kv["runs"] = sum(breaks) + 1
                         cases.append(
                             CaseSpec(

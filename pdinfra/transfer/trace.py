@@ -97,7 +97,7 @@ def load(path: str | Path) -> Trace:
             raise TraceError(f"{p}:{n}: not a kv-trace record ({type(exc).__name__}: {exc})") from exc
         if [len(g) for g in loc] != [len(g) for g in rem]:
             raise TraceError(f"{p}:{n}: decode and prefill block lists differ in length")
-        if not any(rem):
+        if not rem or not rem[0]:  # nothing moved in group 0 (the one runs are counted on): a full prefix hit
             skipped += 1
             continue
         if rec.get("block_size"):

@@ -119,6 +119,13 @@ def test_a_jinja_value_and_a_group_wide_list_are_not_edited(inv):
         edit.retarget_instance(inv, "node2", 0, "prefill", "prefill1")
 
 
+def test_write_keeps_the_file_mode(inv):
+    e = edit.retarget_instance(inv, "node1", 1, "prefill", "prefill1")
+    e.path.chmod(0o600)
+    edit.write([e])
+    assert e.path.stat().st_mode & 0o777 == 0o600 and "prefill1" in e.path.read_text()
+
+
 def test_write_refuses_a_file_changed_since_the_plan(inv):
     e = edit.retarget_instance(inv, "node1", 1, "prefill", "prefill1")
     e.path.write_text(e.before + "# someone else\n")

@@ -28,6 +28,10 @@ CASES = [
     "transfer --gpus x",
     "transfer --model-shape foo",
     "transfer --iters 0",
+    "transfer --layouts trace",
+    "transfer --layouts trace:/nonexistent-trace.jsonl",
+    "transfer --layouts zigzag",
+    "kv-trace show /nonexistent-trace.jsonl",
     "hosts status -i /nonexistent-inventory",
 ]
 

@@ -115,6 +115,19 @@ def test_recording_errors_never_break_the_read(tmp_path):
     assert calls == ["r1"]
 
 
+def test_a_hook_that_raises_leaves_the_module_imported_and_unpatched(tmp_path):
+    (tmp_path / "victim.py").write_text("VALUE = 1\n")
+    code = ("from pdinfra.serving import importhook\n"
+            "def bad(m): raise RuntimeError('boom')\n"
+            "importhook.on_import('victim', bad)\n"
+            "import victim, inspect; print(victim.VALUE, len(inspect.getsource(victim)) > 0)\n")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": f"{tmp_path}:{REPO}"},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "1 True"  # imported, and the loader still answers get_source
+    assert "pdinfra import hook on victim: RuntimeError: boom (left unpatched)" in res.stderr
+
+
 def _write_trace(path: Path, reads: list[tuple[list[int], list[int]]]) -> Path:
     with path.open("w") as f:
         for n, (loc, rem) in enumerate(reads):

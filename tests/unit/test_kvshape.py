@@ -52,6 +52,12 @@ def test_descriptors_per_request_like_nixl_connector():
     assert K.descriptors_per_request(s, 64, 16) == 36 * 4  # short prompt: nothing to trim
 
 
+def test_cross_layer_blocks_move_every_layer_of_every_block():
+    b = K.kv_budget("gpt-oss-120b", 8192, 390.0, 0.0, block_size=64, cross_layer=True)
+    assert b.descriptors_per_rank == 128 and b.descriptor_bytes == 36 * 131072
+    assert b.bytes_per_rank == b.descriptors_per_rank * b.descriptor_bytes == 603979776  # no sliding-window trim
+
+
 def test_request_bytes_whole_blocks():
     s = K.get_shape("gpt-oss-120b")
     assert K.request_bytes(s, 8192, 16, swa_trim=False) == 8192 * 73728 == 603979776
