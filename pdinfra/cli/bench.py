@@ -74,7 +74,10 @@ def plan_from_options(
     )
 
 
-PlanOpt = Annotated[str, typer.Option(help="default (the seeds' design: 1k/1k and 8k/1k, conc 1-32) or small")]
+PlanOpt = Annotated[
+    str,
+    typer.Option(help="default (the seeds' design: 1k/1k and 8k/1k, conc 1-32), small (CI) or kv-trace (traces)"),
+]
 IslOpt = Annotated[str | None, typer.Option("--isl", help="input lengths, e.g. 1024,8192")]
 OslOpt = Annotated[str | None, typer.Option("--osl", help="output lengths, e.g. 1024")]
 ConcOpt = Annotated[str | None, typer.Option("--concurrency", help="max concurrencies, e.g. 1,2,4,8,16,32")]

@@ -526,7 +526,9 @@ def model_tiny(
 @bench_app.command("run")
 def bench_run(
     inventory: Inv = DEFAULT_INV,
-    plan: Annotated[str, typer.Option(help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32) or small.")] = (
+    plan: Annotated[
+        str, typer.Option(help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI) or kv-trace.")
+    ] = (
         "default"
     ),
     isl: Annotated[str | None, typer.Option(help="Input lengths, e.g. 1024,8192.")] = None,
