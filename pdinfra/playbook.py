@@ -7,11 +7,13 @@ message and the recap are shown in full.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,9 +136,6 @@ def run_playbook(
 def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float = 600) -> dict:
     """One ad-hoc module run on one inventory host; its result as Ansible's tree callback saved it
     (``{"failed": True, "msg": ...}`` when Ansible left none)."""
-    import json
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="pdinfra-adhoc-") as tree:
         env = ansible_env(ANSIBLE_NOCOLOR="1", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                           ANSIBLE_CALLBACKS_ENABLED="tree", ANSIBLE_CALLBACK_TREE_DIR=tree)  # fmt: skip
