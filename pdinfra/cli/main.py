@@ -582,6 +582,56 @@ def bench_run(
         console.print(f"report: {files.html}")
 
 
+@bench_app.command("latency")
+def bench_latency(
+    inventory: Inv = DEFAULT_INV,
+    requests: Annotated[int, typer.Option("-n", "--requests", min=1, help="Requests through the router.")] = 20,
+    words: Annotated[int, typer.Option(min=1, help="Prompt length in words (the report gives the tokens).")] = 200,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 16,
+    direct: Annotated[
+        bool, typer.Option(help="Also send as many requests prefill -> decode without the router (its added latency).")
+    ] = True,
+    out: Annotated[Path | None, typer.Option(help="Write every sample and the medians as JSON here.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")] = False,
+) -> None:
+    """Decompose a PD request's latency, one request at a time: router, prefill request, KV transfer, decode's
+    first token, from the router's and the instances' own histograms. Run it on an otherwise idle cluster."""
+    from pdinfra.bench import decompose
+
+    cluster = _cluster(inventory, secrets=True)
+    con = Console(width=160, stderr=json_out)
+    try:
+        targets = decompose.targets_from_cluster(cluster, api_key=cluster.secrets.api_key)
+        d = decompose.run(targets, requests=requests, words=words, max_tokens=max_tokens, direct=direct,
+                          progress=lambda m: con.print(f"[cyan]»[/] {m}"))  # fmt: skip
+    except decompose.DecomposeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    data = d.to_dict()
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1) + "\n")
+    if json_out:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    kept = sum(1 for s in d.samples if s.path == "router")
+    table = Table(title=f"PD latency, {kept} requests through {targets.router} "
+                        f"({d.prompt_tokens} prompt tokens, {max_tokens} output tokens, one at a time)")  # fmt: skip
+    for col, justify in (("stage", "left"), ("p50 ms", "right"), ("mean ms", "right"), ("of p50", "right")):
+        table.add_column(col, justify=justify)
+    for row in decompose.table_rows(d):
+        table.add_row(*row)
+    con.print(table)
+    added = d.router_added()
+    if added is not None:
+        via, direct_p50 = 1000 * d.p50("router")["outside"], 1000 * d.p50("direct")["outside"]
+        con.print(f"router's added latency: p50 {1000 * added:.1f} ms (outside the instances: {via:.1f} ms through "
+                  f"the router, {direct_p50:.1f} ms prefill -> decode without it)")  # fmt: skip
+    if d.discarded:
+        con.print(f"[yellow]{len(d.discarded)} samples discarded[/] (other traffic, e.g. the deep-health probe's "
+                  f"timer): {d.discarded[0]}")  # fmt: skip
+
+
 bench_app.command("plan")(bench_plan_cmd)
 bench_app.command("report")(bench_report_cmd)
 app.command("facts")(facts_cmd)

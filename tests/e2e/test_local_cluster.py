@@ -219,6 +219,30 @@ def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     assert (again / "report.md").read_text() == md
 
 
+def test_bench_latency_decomposes_a_pd_request(cluster):
+    """`pdinfra bench latency`: one request at a time through the router and without it; every stage measured from
+    the router's and the instances' own histograms, and the stages add up to the client's time."""
+    out = LOG_DIR / "bench-latency.json"
+    res = run([str(BIN / "pdinfra"), "bench", "latency", "-n", "6", "--words", "120", "--out", str(out)],
+              log="73-bench-latency", timeout=600)  # fmt: skip
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert "router's added latency" in res.stdout and "KV transfer (NIXL)" in res.stdout, res.stdout
+    data = json.loads(out.read_text())
+    p50 = data["p50"]["router"]
+    kept = [s for s in data["samples"] if s["path"] == "router"]
+    assert len(kept) >= 4, data["discarded"]
+    for stage in ("client", "router", "prefill_http", "prefill_engine", "decode_http", "decode_first_token",
+                  "kv_transfer", "outside", "router_own"):  # fmt: skip
+        assert stage in p50, stage
+    for s in kept:
+        sec = s["seconds"]
+        assert sec["client"] >= sec["router"] > 0 and sec["kv_transfer"] > 0, sec
+        # the instances' HTTP time sits inside the router's, which sits inside the client's (1 ms of clock slack)
+        assert sec["prefill_http"] + sec["decode_http"] <= sec["router"] + 1e-3, sec
+        assert sec["decode_first_token"] <= sec["decode_engine"] + 1e-3, sec
+    assert data["prompt_tokens"] > 100 and data["router_added"] is not None and data["p50"]["direct"]["outside"] > 0
+
+
 def test_kv_trace_records_the_blocks_vllm_reads(cluster):
     """The local inventory sets vllm_instance_kv_trace: the decode instances recorded every NIXL READ of the
     smoke and bench requests (pdinfra.serving.kv_trace). This checks that the installed vLLM still has the

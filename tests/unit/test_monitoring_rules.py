@@ -198,6 +198,21 @@ tests:
           - exp_labels: {severity: warning, pd_instance: decode1}
             exp_annotations:
               summary: "decode1: 3 failed NIXL transfers in 5m"
+  # A decode read blocks the prefill had released: critical at once.
+  - interval: 15s
+    input_series:
+      - series: 'vllm:nixl_num_notifications_after_expiry_total{pd_role="prefill",pd_instance="prefill0"}'
+        values: '0 0 0 1 1 1'
+    alert_rule_test:
+      - eval_time: 30s
+        alertname: PdinfraKVReadAfterRelease
+        exp_alerts: []
+      - eval_time: 60s
+        alertname: PdinfraKVReadAfterRelease
+        exp_alerts:
+          - exp_labels: {severity: critical, pd_instance: prefill0}
+            exp_annotations:
+              summary: "prefill0: 1 reads of released KV blocks in 5m: answers may be wrong"
 """
 
 
