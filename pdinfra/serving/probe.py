@@ -87,8 +87,11 @@ def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
         count, failed = _delta(before, decodes, timeout) if cluster.layout == "pd" else (1.0, 0.0)
     except (OSError, ValueError, KeyError) as exc:  # URLError, HTTPError, resets and timeouts are OSErrors
         return PathResult("router", False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
-    ok = tokens >= 1 and count >= 1 and failed == 0
+    unfinished = smoke.not_finished(out)
+    ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
     why = f"{tokens} token(s); decode NIXL transfers +{count:.0f}, failed +{failed:.0f}"
+    if unfinished:
+        why += f"; finish_reason {unfinished} (the instance was stopping)"
     if cluster.layout == "pd" and count < 1:
         why += " (the router answered but no KV moved: PD is not working)"
     return PathResult("router", ok, round(time.monotonic() - t0, 3), why)
@@ -122,9 +125,11 @@ def probe_pair(cluster: Cluster, prefill_url: str, decode_url: str, name: str, a
         count, failed = _delta(before, [decode_url], timeout)
     except (OSError, ValueError, KeyError) as exc:
         return PathResult(name, False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
-    ok = tokens >= 1 and count >= 1 and failed == 0
+    unfinished = smoke.not_finished(out)
+    ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
     return PathResult(name, ok, round(time.monotonic() - t0, 3),
-                      f"{tokens} token(s); NIXL transfers +{count:.0f}, failed +{failed:.0f}")  # fmt: skip
+                      f"{tokens} token(s); NIXL transfers +{count:.0f}, failed +{failed:.0f}"
+                      + (f"; finish_reason {unfinished}" if unfinished else ""))  # fmt: skip
 
 
 def run(cluster: Cluster, api_key: str = "", timeout: float = 20.0, pairs: bool = True,

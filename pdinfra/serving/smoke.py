@@ -87,6 +87,17 @@ def post_stream(url: str, body: dict, api_key: str = "", timeout: float = 300) -
             yield json.loads(payload)
 
 
+COMPLETE = ("length", "stop")
+
+
+def not_finished(out: dict) -> str | None:
+    """The finish reason of a completion that did not finish (None when it did). vLLM answers HTTP 200 with
+    finish_reason "abort" and the tokens so far for a request its engine aborted while stopping (SIGTERM, vLLM's
+    default --shutdown-timeout 0): a failure, though the status says OK."""
+    reason = str((out.get("choices") or [{}])[0].get("finish_reason"))
+    return None if reason in COMPLETE else reason
+
+
 def get_text(url: str, timeout: float = 10) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.read().decode()
@@ -165,7 +176,7 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
     try:
         out = post_json(ep.router + "/v1/completions", body, ep.api_key, timeout)
         res.completion = out["choices"][0]["text"]
-        ok = bool(res.completion) and out.get("usage", {}).get("completion_tokens", 0) > 0
+        ok = bool(res.completion) and out.get("usage", {}).get("completion_tokens", 0) > 0 and not not_finished(out)
         res.proofs.append(
             Proof("completion through the router", ok,
                   f"{out.get('usage', {}).get('completion_tokens', 0)} tokens: {res.completion[:60]!r}")

@@ -145,11 +145,14 @@ class Load:
             t0 = time.monotonic()
             try:
                 status, out = complete(ROUTER, PROMPTS[p], self.key)
-                ok = status == 200 and isinstance(out, dict)
-                rec = Rec(t0, time.monotonic(), p, ok, out["choices"][0]["text"] if ok else "",
-                          "" if ok else f"HTTP {status}: {str(out)[:120]}",
-                          out.get("id", "") if ok else "",
-                          str(out["choices"][0].get("finish_reason")) if ok else "")  # fmt: skip
+                answered = status == 200 and isinstance(out, dict)
+                finish = str(out["choices"][0].get("finish_reason")) if answered else ""
+                # vLLM answers HTTP 200 with finish_reason "abort" (and the tokens so far) for a request its engine
+                # aborted while stopping (SIGTERM): a failure the client can see, not an answer
+                ok = answered and finish in smoke.COMPLETE
+                error = "" if ok else f"HTTP 200 finish_reason={finish}" if answered else f"HTTP {status}: {out}"[:130]
+                rec = Rec(t0, time.monotonic(), p, ok, out["choices"][0]["text"] if answered else "", error,
+                          out.get("id", "") if answered else "", finish)  # fmt: skip
             except (OSError, ValueError, KeyError) as exc:
                 rec = Rec(t0, time.monotonic(), p, False, error=f"{type(exc).__name__}: {exc}")
             self.recs.append(rec)

@@ -29,6 +29,7 @@ class Fake:
 
     def __init__(self, kind: str) -> None:
         self.kind, self.transfers, self.moves_kv, self.gives_params = kind, 0, True, True
+        self.finish = "length"  # vLLM's finish_reason; "abort" when its engine aborted the request
         self.peer: Fake | None = None  # the router's decode
         fake = self
 
@@ -59,7 +60,7 @@ class Fake:
                     self._send(401, '{"error": "Unauthorized"}')
                     return
                 params = body.get("kv_transfer_params") or {}
-                out = {"choices": [{"text": " x"}], "usage": {"completion_tokens": 1}}
+                out = {"choices": [{"text": " x", "finish_reason": fake.finish}], "usage": {"completion_tokens": 1}}
                 if fake.kind == "prefill" and params.get("do_remote_decode") and fake.gives_params:
                     out["kv_transfer_params"] = {"remote_block_ids": [1, 2], "remote_engine_id": "e"}
                 if fake.kind == "decode" and params.get("remote_block_ids") and fake.moves_kv:
@@ -126,6 +127,15 @@ def test_an_answer_without_kv_movement_fails_although_health_would_pass(stack):
     router, pair = res.paths
     assert not router.ok and "no KV moved: PD is not working" in router.evidence
     assert not pair.ok and "NIXL transfers +0" in pair.evidence
+
+
+def test_an_answer_aborted_by_a_stopping_engine_fails_although_its_status_is_200(stack):
+    """vLLM answers 200 with finish_reason "abort" for a request its engine aborted on SIGTERM."""
+    cluster, router, _, decode = stack
+    router.finish = decode.finish = "abort"
+    res = probe.run(cluster, KEY, timeout=5)
+    assert not res.ok and all(not p.ok for p in res.paths)
+    assert "finish_reason abort" in res.paths[0].evidence and "finish_reason abort" in res.paths[1].evidence
 
 
 def test_a_prefill_that_returns_no_kv_parameters_fails_its_pairs(stack):

@@ -79,3 +79,10 @@ def test_vllm_bench_reads_the_client_key_from_the_router_nodes_env_file(tmp_path
     env.write_text("# Managed by pdinfra (pd_router role).\nPDINFRA_API_KEY=k3y-0123456789abcdef\n")
     assert vllm_bench.client_api_key(env) == "k3y-0123456789abcdef"
     assert vllm_bench.client_api_key(tmp_path / "absent.env") == ""
+
+
+def test_only_length_and_stop_are_finished_answers():
+    assert smoke.not_finished({"choices": [{"text": "x", "finish_reason": "length"}]}) is None
+    assert smoke.not_finished({"choices": [{"text": "x", "finish_reason": "stop"}]}) is None
+    assert smoke.not_finished({"choices": [{"text": "x", "finish_reason": "abort"}]}) == "abort"
+    assert smoke.not_finished({"choices": []}) == "None"  # no choice: not an answer
