@@ -180,10 +180,7 @@ def _scrape(t: Targets) -> dict[str, dict[str, float]]:
 
 def _direct(t: Targets, body: dict, decode_url: str, timeout: float) -> dict:
     """The router's two stages, done by the client: prefill with do_remote_decode, then decode with its params."""
-    first = body | {"max_tokens": 1, "stream": False,
-                    "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False,
-                                           "remote_engine_id": None, "remote_block_ids": None,
-                                           "remote_host": None, "remote_port": None}}  # fmt: skip
+    first = body | {"max_tokens": 1, "stream": False, "kv_transfer_params": dict(smoke.REMOTE_DECODE)}
     pre = smoke.post_json(t.prefill[0] + "/v1/completions", first, t.api_key, timeout)
     params = pre.get("kv_transfer_params")
     if not params:

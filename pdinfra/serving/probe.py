@@ -107,8 +107,7 @@ def probe_pair(cluster: Cluster, prefill_url: str, decode_url: str, name: str, a
         pre = smoke.post_json(
             prefill_url + "/v1/completions",
             {"model": cluster.model.name, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": False,
-             "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                                    "remote_block_ids": None, "remote_host": None, "remote_port": None}},
+             "kv_transfer_params": dict(smoke.REMOTE_DECODE)},
             api_key, timeout,
         )  # fmt: skip
         params = pre.get("kv_transfer_params")

@@ -88,6 +88,10 @@ def post_stream(url: str, body: dict, api_key: str = "", timeout: float = 300) -
 
 
 COMPLETE = ("length", "stop")
+# The prefill stage's kv_transfer_params, as vllm-router's vLLM PD mode sends them (vllm_pd_router.rs): the
+# prefill keeps the request's KV blocks for a decode and answers with the parameters the decode reads them by.
+REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                 "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
 
 
 def not_finished(out: dict) -> str | None:
