@@ -16,9 +16,10 @@ The stages, per request (seconds):
   decode_engine - decode_first_token.
 
 ``direct`` requests do the router's two stages from the client (prefill with ``do_remote_decode``, then decode
-with the prefill's ``kv_transfer_params``), each on the decode instance the router chose for the request before
-it. The router's added latency is ``outside(router) - outside(direct)`` (medians): what the router adds beyond
-the client's own hops, free of the instances' time (which varies far more than the router's on shared CPUs).
+with the prefill's ``kv_transfer_params``), each on the prefill and decode instances the router chose for the
+request before it (its response id names both). The router's added latency is ``outside(router) -
+outside(direct)`` (medians): what the router adds beyond the client's own hops, free of the instances' time
+(which varies far more than the router's on shared CPUs).
 The deep-health probe's timer also sends requests: a sample it lands in is discarded, with the reason.
 """
 
@@ -162,12 +163,13 @@ def prompt_for(run: int, i: int, words: int) -> str:
     return f"Run {run} request {i}: " + " ".join(base[k % len(base)] for k in range(words))
 
 
-def decode_of(response_id: str, decode: list[str]) -> str | None:
-    """The decode URL in vllm-router's response id (``cmpl-___prefill_addr_H:P___decode_addr_H:P_<uuid>``)."""
-    m = re.search(r"___decode_addr_([^_]+:\d+)_", response_id)
+def chosen(response_id: str, urls: list[str], stage: str = "decode") -> str | None:
+    """The instance URL vllm-router names in its response id (``cmpl-___prefill_addr_H:P___decode_addr_H:P_<uuid>``)
+    for ``stage`` (prefill or decode), when it is one of ``urls``."""
+    m = re.search(rf"___{stage}_addr_([^_]+:\d+)_", response_id)
     if not m:
         return None
-    return next((u for u in decode if u.rstrip("/").endswith("//" + m.group(1))), None)
+    return next((u for u in urls if u.rstrip("/").endswith("//" + m.group(1))), None)
 
 
 def _scrape(t: Targets) -> dict[str, dict[str, float]]:
@@ -178,13 +180,14 @@ def _scrape(t: Targets) -> dict[str, dict[str, float]]:
     }
 
 
-def _direct(t: Targets, body: dict, decode_url: str, timeout: float) -> dict:
+def _direct(t: Targets, body: dict, pair: tuple[str, str], timeout: float) -> dict:
     """The router's two stages, done by the client: prefill with do_remote_decode, then decode with its params."""
+    prefill_url, decode_url = pair
     first = body | {"max_tokens": 1, "stream": False, "kv_transfer_params": dict(smoke.REMOTE_DECODE)}
-    pre = smoke.post_json(t.prefill[0] + "/v1/completions", first, t.api_key, timeout)
+    pre = smoke.post_json(prefill_url + "/v1/completions", first, t.api_key, timeout)
     params = pre.get("kv_transfer_params")
     if not params:
-        raise DecomposeError(f"{t.prefill[0]} returned no kv_transfer_params: is it a NIXL kv_producer?")
+        raise DecomposeError(f"{prefill_url} returned no kv_transfer_params: is it a NIXL kv_producer?")
     return smoke.post_json(decode_url + "/v1/completions", body | {"kv_transfer_params": params}, t.api_key, timeout)
 
 
@@ -200,7 +203,7 @@ def run(t: Targets, requests: int = 20, words: int = 200, max_tokens: int = 16, 
     schedule = [(p, -1 - k) for k, p in enumerate(paths)] + [(paths[i % len(paths)], i)
                                                              for i in range(requests * len(paths))]  # fmt: skip
     tokens: list[int] = []
-    paired = t.decode[0]
+    paired = (t.prefill[0], t.decode[0])
     nonce = int(time.time())
     for n, (path, i) in enumerate(schedule):
         body = {"model": t.model, "prompt": prompt_for(nonce, i, words),
@@ -210,8 +213,10 @@ def run(t: Targets, requests: int = 20, words: int = 200, max_tokens: int = 16, 
             t0 = time.monotonic()
             if path == "router":
                 out = smoke.post_json(t.router + "/v1/completions", body, t.api_key, timeout)
-                paired = decode_of(out.get("id", ""), t.decode) or t.decode[(i // len(paths)) % len(t.decode)]
-            else:  # the decode instance the router chose for the request before: pairs of the same path
+                rid, k = out.get("id", ""), i // len(paths)
+                paired = (chosen(rid, t.prefill, "prefill") or t.prefill[k % len(t.prefill)],
+                          chosen(rid, t.decode) or t.decode[k % len(t.decode)])  # fmt: skip
+            else:  # the instances the router chose for the request before: pairs of the same path
                 out = _direct(t, body, paired, timeout)
             client = time.monotonic() - t0
             after = _scrape(t)
@@ -224,6 +229,8 @@ def run(t: Targets, requests: int = 20, words: int = 200, max_tokens: int = 16, 
         if i < 0:
             continue
         seconds, problems = stage_seconds(before, after, path)
+        if smoke.not_finished(out):
+            problems.append(f"finish_reason {smoke.not_finished(out)}: not an answer")
         if problems:
             res.discarded.append(f"request {n} ({path}): " + "; ".join(problems))
             continue

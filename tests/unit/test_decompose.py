@@ -85,9 +85,10 @@ def test_no_prefill_or_no_decode_is_refused():
         D.run(t)
 
 
-def test_the_decode_the_router_chose_is_read_from_its_response_id():
+def test_the_pair_the_router_chose_is_read_from_its_response_id():
     rid = "cmpl-___prefill_addr_198.18.0.11:8100___decode_addr_198.18.0.12:8200_78f9b9fb60814eae8762d64c55945476"
     decode = ["http://198.18.0.11:8201", "http://198.18.0.12:8200"]
-    assert D.decode_of(rid, decode) == "http://198.18.0.12:8200"
-    assert D.decode_of("cmpl-1234", decode) is None
-    assert D.decode_of(rid, ["http://198.18.0.11:8201"]) is None  # not one of the cluster's: not guessed
+    assert D.chosen(rid, decode) == "http://198.18.0.12:8200"
+    assert D.chosen(rid, ["http://198.18.0.11:8100"], "prefill") == "http://198.18.0.11:8100"
+    assert D.chosen("cmpl-1234", decode) is None
+    assert D.chosen(rid, ["http://198.18.0.11:8201"]) is None  # not one of the cluster's: not guessed
