@@ -134,6 +134,58 @@ def test_amx_shim_is_still_needed(cluster):
     assert lines[:-1] == [], f"vLLM now asks for AMX permission itself ({lines[:-1]}): remove pdinfra.serving.cpu_amx"
 
 
+def _cpus(text: str) -> set[int]:
+    """'0-2,5' or '0 1' -> {0, 1, 2, 5}."""
+    out: set[int] = set()
+    for part in text.replace(",", " ").split():
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+THREADS = (
+    "for u in $(systemctl list-units --plain --no-legend 'pdinfra-vllm-*.service' | awk '{print $1}'); do "
+    "aff=$(systemctl show -p CPUAffinity --value $u); cg=$(systemctl show -p ControlGroup --value $u); "
+    "for p in $(cat /sys/fs/cgroup$cg/cgroup.procs); do for t in /proc/$p/task/*; do "
+    "echo \"$u|$aff|$p|${t##*/}|$(cat $t/comm 2>/dev/null)|"
+    "$(awk '/Cpus_allowed_list/{print $2}' $t/status 2>/dev/null)\"; "
+    "done; done; done"
+)
+
+
+def test_every_vllm_thread_runs_on_its_units_cpus(cluster):
+    """pdinfra_instances[].cpu_affinity holds for every thread of every instance (PD instances included: vLLM's NIXL
+    worker would move its model thread to the last core, pdinfra.serving.cpu_affinity keeps it)."""
+    bad, seen = [], 0
+    for host in cluster["hosts"]:
+        res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), THREADS], log=f"64-threads-{host.name}",
+                  check=True)  # fmt: skip
+        for line in res.stdout.splitlines():
+            unit, aff, pid, tid, comm, allowed = line.split("|")
+            if not aff or not allowed:
+                continue  # a unit without CPUAffinity, or a thread that ended while listed
+            seen += 1
+            if not _cpus(allowed) <= _cpus(aff):
+                bad.append(f"{host.name} {unit} pid {pid} thread {tid} ({comm}) on CPUs {allowed}, unit says {aff}")
+    assert seen > 0, "no vLLM thread listed"
+    assert not bad, "\n".join(bad)
+
+
+def test_cpu_affinity_shim_is_still_needed(cluster):
+    """vLLM 0.32's NIXL worker calls os.sched_setaffinity(0, [last core per NUMA node]) on CPU devices; the shim put
+    the unit's CPUs back (it says so in the journal). This fails once vLLM stops: then remove the shim."""
+    host = cluster["hosts"][0]
+    res = run([*testhosts.ssh_command(host, testhosts.ssh_key()),
+               "grep -c 'os.sched_setaffinity(0, rsv_cores_for_kv)' /opt/pdinfra/venv/lib/python3*/site-packages/"
+               "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py || true; "
+               "journalctl --no-pager -u pdinfra-vllm-prefill0 | grep -c \"pdinfra: vLLM's NIXL worker moved\" "
+               "|| true"],
+              log="65-affinity-shim")  # fmt: skip
+    counts = [int(x) for x in res.stdout.split()[:2]]
+    assert counts[0] >= 1, "vLLM no longer moves the NIXL worker's thread: remove pdinfra.serving.cpu_affinity"
+    assert counts[1] >= 1, f"the shim did not act on prefill0 (journal): {res.stdout}"
+
+
 def test_validate_transfer_runs_nixl_between_two_processes_on_a_node(cluster):
     """DRAM<->DRAM over UCX inside a CPU node (the GPU cases of the same code ran on 2xH200, docs/runs/)."""
     host = cluster["hosts"][0]
