@@ -12,8 +12,9 @@ The stages, per request (seconds):
   time to first token: it includes waiting for the KV), ``kv_transfer`` (``vllm:nixl_xfer_time_seconds``);
 - derived: ``outside`` = client - prefill_http - decode_http (everything outside the two instances' HTTP
   handling: the client's hops and, through the router, the router's work and hops); ``router_own`` = router -
-  prefill_http - decode_http; ``prefill_api`` = prefill_http - prefill_engine; ``decode_after_first`` =
-  decode_engine - decode_first_token.
+  prefill_http - decode_http (a difference of two instruments that start and stop their clocks at slightly
+  different points: a few ms either way, single requests can come out negative); ``prefill_api`` = prefill_http -
+  prefill_engine; ``decode_after_first`` = decode_engine - decode_first_token.
 
 ``direct`` requests do the router's two stages from the client (prefill with ``do_remote_decode``, then decode
 with the prefill's ``kv_transfer_params``), each on the prefill and decode instances the router chose for the
