@@ -146,7 +146,8 @@ def _cpus(text: str) -> set[int]:
 THREADS = (
     "for u in $(systemctl list-units --plain --no-legend 'pdinfra-vllm-*.service' | awk '{print $1}'); do "
     "aff=$(systemctl show -p CPUAffinity --value $u); cg=$(systemctl show -p ControlGroup --value $u); "
-    "for p in $(cat /sys/fs/cgroup$cg/cgroup.procs); do for t in /proc/$p/task/*; do "
+    "f=/sys/fs/cgroup$cg/cgroup.procs; [ -e $f ] || f=/sys/fs/cgroup/systemd$cg/cgroup.procs; "  # v2, else v1
+    "for p in $(cat $f); do for t in /proc/$p/task/*; do "
     "echo \"$u|$aff|$p|${t##*/}|$(cat $t/comm 2>/dev/null)|"
     "$(awk '/Cpus_allowed_list/{print $2}' $t/status 2>/dev/null)\"; "
     "done; done; done"
