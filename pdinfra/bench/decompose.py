@@ -76,13 +76,10 @@ class DecomposeError(RuntimeError):
 
 
 @dataclass
-class Targets:
-    router: str  # the router's URL
-    router_metrics: str  # its /metrics URL
-    prefill: list[str]
-    decode: list[str]
-    model: str
-    api_key: str = ""
+class Targets(smoke.Endpoints):
+    """The smoke's endpoints and the router's /metrics URL."""
+
+    router_metrics: str = ""
 
 
 @dataclass
@@ -181,17 +178,6 @@ def _scrape(t: Targets) -> dict[str, dict[str, float]]:
     }
 
 
-def _direct(t: Targets, body: dict, pair: tuple[str, str], timeout: float) -> dict:
-    """The router's two stages, done by the client: prefill with do_remote_decode, then decode with its params."""
-    prefill_url, decode_url = pair
-    first = body | {"max_tokens": 1, "stream": False, "kv_transfer_params": dict(smoke.REMOTE_DECODE)}
-    pre = smoke.post_json(prefill_url + "/v1/completions", first, t.api_key, timeout)
-    params = pre.get("kv_transfer_params")
-    if not params:
-        raise DecomposeError(f"{prefill_url} returned no kv_transfer_params: is it a NIXL kv_producer?")
-    return smoke.post_json(decode_url + "/v1/completions", body | {"kv_transfer_params": params}, t.api_key, timeout)
-
-
 def run(t: Targets, requests: int = 20, words: int = 200, max_tokens: int = 16, timeout: float = 120,
         direct: bool = True, progress: Callable[[str], None] | None = None) -> Decomposition:  # fmt: skip
     """``requests`` sequential requests through the router (and as many direct ones, alternating), decomposed."""
@@ -218,7 +204,9 @@ def run(t: Targets, requests: int = 20, words: int = 200, max_tokens: int = 16, 
                 paired = (chosen(rid, t.prefill, "prefill") or t.prefill[k % len(t.prefill)],
                           chosen(rid, t.decode) or t.decode[k % len(t.decode)])  # fmt: skip
             else:  # the instances the router chose for the request before: pairs of the same path
-                out = _direct(t, body, paired, timeout)
+                out = smoke.two_stage(*paired, body, t.api_key, timeout)
+                if out is None:
+                    raise DecomposeError(f"{paired[0]} returned no kv_transfer_params: is it a NIXL kv_producer?")
             client = time.monotonic() - t0
             after = _scrape(t)
         except urllib.error.HTTPError as exc:  # the server's reason (e.g. a prompt over max-model-len)
@@ -254,10 +242,8 @@ def targets_from_cluster(cluster, api_key: str = "") -> Targets:  # a pdinfra.cl
     if not cluster.routers:
         raise DecomposeError("the cluster has no router (inventory group 'router')")
     r = cluster.router
-    urls = {role: [i.url for i in cluster.by_role(role)] for role in ("prefill", "decode")}
-    return Targets(router=r.url, router_metrics=f"http://{r.address}:{r.metrics_port}/metrics",
-                   prefill=urls["prefill"], decode=urls["decode"],
-                   model=cluster.model.name, api_key=api_key)  # fmt: skip
+    ep = smoke.endpoints_from_cluster(cluster, api_key=api_key)
+    return Targets(**asdict(ep), router_metrics=f"http://{r.address}:{r.metrics_port}/metrics")
 
 
 def table_rows(d: Decomposition) -> list[tuple[str, str, str, str]]:

@@ -91,7 +91,7 @@ def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
     ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
     why = f"{tokens} token(s); decode NIXL transfers +{count:.0f}, failed +{failed:.0f}"
     if unfinished:
-        why += f"; finish_reason {unfinished} (the instance was stopping)"
+        why += f"; finish_reason {unfinished}"
     if cluster.layout == "pd" and count < 1:
         why += " (the router answered but no KV moved: PD is not working)"
     return PathResult("router", ok, round(time.monotonic() - t0, 3), why)
@@ -104,22 +104,11 @@ def probe_pair(cluster: Cluster, prefill_url: str, decode_url: str, name: str, a
     t0 = time.monotonic()
     try:
         before = {decode_url: _transfers(decode_url, timeout)}
-        pre = smoke.post_json(
-            prefill_url + "/v1/completions",
-            {"model": cluster.model.name, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": False,
-             "kv_transfer_params": dict(smoke.REMOTE_DECODE)},
-            api_key, timeout,
-        )  # fmt: skip
-        params = pre.get("kv_transfer_params")
-        if not params:
+        body = {"model": cluster.model.name, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        out = smoke.two_stage(prefill_url, decode_url, body, api_key, timeout)
+        if out is None:
             return PathResult(name, False, round(time.monotonic() - t0, 3),
                               "the prefill instance returned no kv_transfer_params (is it a kv_producer?)")  # fmt: skip
-        out = smoke.post_json(
-            decode_url + "/v1/completions",
-            {"model": cluster.model.name, "prompt": prompt, "max_tokens": 1, "temperature": 0,
-             "kv_transfer_params": params},
-            api_key, timeout,
-        )  # fmt: skip
         tokens = out.get("usage", {}).get("completion_tokens", 0)
         count, failed = _delta(before, [decode_url], timeout)
     except (OSError, ValueError, KeyError) as exc:

@@ -94,6 +94,17 @@ REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_e
                  "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
 
 
+def two_stage(prefill_url: str, decode_url: str, body: dict, api_key: str = "", timeout: float = 300) -> dict | None:
+    """The router's two stages done by the caller (vllm-router's vllm_pd_router.rs): ``body`` to the prefill with
+    max_tokens 1 and ``do_remote_decode``, then ``body`` to the decode with the prefill's kv_transfer_params; the
+    decode's answer, or None when the prefill returned no parameters (not a NIXL kv_producer)."""
+    first = body | {"max_tokens": 1, "stream": False, "kv_transfer_params": dict(REMOTE_DECODE)}
+    params = post_json(prefill_url + "/v1/completions", first, api_key, timeout).get("kv_transfer_params")
+    if not params:
+        return None
+    return post_json(decode_url + "/v1/completions", body | {"kv_transfer_params": params}, api_key, timeout)
+
+
 def not_finished(out: dict) -> str | None:
     """The finish reason of a completion that did not finish (None when it did). vLLM answers HTTP 200 with
     finish_reason "abort" and the tokens so far for a request its engine aborted while stopping (SIGTERM, vLLM's

@@ -146,10 +146,10 @@ class Load:
             try:
                 status, out = complete(ROUTER, PROMPTS[p], self.key)
                 answered = status == 200 and isinstance(out, dict)
+                # a 200 whose finish_reason is "abort" (vLLM's engine stopping on SIGTERM) is a failure, not an answer
+                unfinished = smoke.not_finished(out) if answered else None
                 finish = str(out["choices"][0].get("finish_reason")) if answered else ""
-                # vLLM answers HTTP 200 with finish_reason "abort" (and the tokens so far) for a request its engine
-                # aborted while stopping (SIGTERM): a failure the client can see, not an answer
-                ok = answered and finish in smoke.COMPLETE
+                ok = answered and unfinished is None
                 error = "" if ok else f"HTTP 200 finish_reason={finish}" if answered else f"HTTP {status}: {out}"[:130]
                 rec = Rec(t0, time.monotonic(), p, ok, out["choices"][0]["text"] if answered else "", error,
                           out.get("id", "") if answered else "", finish)  # fmt: skip

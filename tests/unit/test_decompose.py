@@ -80,7 +80,7 @@ def test_prompts_share_no_prefix_between_requests_or_runs():
 
 
 def test_no_prefill_or_no_decode_is_refused():
-    t = D.Targets("http://r", "http://r/metrics", [], ["http://d"], "m")
+    t = D.Targets("http://r", [], ["http://d"], "m", router_metrics="http://r/metrics")
     with pytest.raises(D.DecomposeError, match="no prefill or no decode"):
         D.run(t)
 
