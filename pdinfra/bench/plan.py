@@ -207,7 +207,16 @@ def kv_trace_plan() -> BenchPlan:
                      range_ratio=0.5)  # fmt: skip
 
 
-PLANS = {"default": default_plan, "seeds": default_plan, "small": small_plan, "kv-trace": kv_trace_plan}
+def long_plan() -> BenchPlan:
+    """Long prompts for the local CPU stack, where PD wins (issue 13; docs/benchmarks.md): 1536/64, concurrency 1, 4,
+    8 and 16, 4 prompts per unit of concurrency. Meant for the 1 prefill + 1 decode inventory
+    (inventory/local-1p1d) with ``--redeploy``; about 25 minutes on a 2-core machine."""
+    return BenchPlan(name="long", input_lens=(1536,), output_lens=(64,), concurrencies=(1, 4, 8, 16),
+                     prompts_per_concurrency=4)  # fmt: skip
+
+
+PLANS = {"default": default_plan, "seeds": default_plan, "small": small_plan, "long": long_plan,
+         "kv-trace": kv_trace_plan}  # fmt: skip
 
 
 def get_plan(name: str, **overrides: Any) -> BenchPlan:

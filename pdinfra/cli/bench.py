@@ -76,7 +76,10 @@ def plan_from_options(
 
 PlanOpt = Annotated[
     str,
-    typer.Option(help="default (the seeds' design: 1k/1k and 8k/1k, conc 1-32), small (CI) or kv-trace (traces)"),
+    typer.Option(
+        help="default (the seeds' design: 1k/1k and 8k/1k, conc 1-32), small (CI), long (1536/64, "
+        "conc 1-16: where PD wins on the local 1P1D inventory) or kv-trace (traces)"
+    ),
 ]
 IslOpt = Annotated[str | None, typer.Option("--isl", help="input lengths, e.g. 1024,8192")]
 OslOpt = Annotated[str | None, typer.Option("--osl", help="output lengths, e.g. 1024")]

@@ -49,6 +49,7 @@ class Instance:
     unit: str
     cpu_affinity: str = ""
     extra_args: tuple[str, ...] = ()
+    kv_store: bool = False  # joins the KV reuse tier (pdinfra_kv_store, pdinfra_kv_store_roles)
 
     @property
     def var(self) -> str:
@@ -112,6 +113,23 @@ class Monitoring:
 
 
 @dataclass(frozen=True)
+class KVStore:
+    """The KV reuse tier: a Mooncake store master on one PD host; instances save KV blocks to the store (their own
+    memory segments, pooled) and load prefixes other instances computed (vLLM's MooncakeStoreConnector)."""
+
+    host: str
+    address: str
+    port: int  # the master's RPC port
+    metrics_port: int
+    master: str  # "address:port", what each instance's store configuration names
+    protocol: str  # tcp | rdma
+    segment_mib: int
+    buffer_mib: int
+    lease_ttl_ms: int
+    roles: tuple[str, ...] = ("prefill",)  # under PD, the instance roles that join the store
+
+
+@dataclass(frozen=True)
 class Host:
     name: str
     in_cluster: bool  # a PD host (group pd_cluster); other hosts get only the host layer
@@ -153,6 +171,7 @@ class Cluster:
     kv_port_range: str = "20000-20999"  # UCX_TCP_PORT_RANGE: where UCX's TCP listeners bind
     firewall: bool = True
     monitoring: Monitoring | None = None
+    kv_store: KVStore | None = None
     secrets: Secrets = field(default_factory=Secrets, compare=False, repr=False)
 
     # ------------------------------------------------------------------ lookups
@@ -241,6 +260,9 @@ class Cluster:
             kv_port_range=data.get("kv_port_range", "20000-20999"),
             firewall=bool(data.get("firewall", True)),
             monitoring=_monitoring(data.get("monitoring")),
+            kv_store=KVStore(**{**data["kv_store"], "roles": tuple(data["kv_store"].get("roles", ("prefill",)))})
+            if data.get("kv_store")
+            else None,
         )
 
     @classmethod

@@ -18,7 +18,7 @@ from typing import Any
 
 from pdinfra.cluster import kvshape, profiles, schema
 from pdinfra.cluster.expect import Expect
-from pdinfra.cluster.model import Cluster, Firewall, Host, Instance, Model, Monitoring, Rail, Router, Secrets
+from pdinfra.cluster.model import Cluster, Firewall, Host, Instance, KVStore, Model, Monitoring, Rail, Router, Secrets
 from pdinfra.cluster.schema import PDINFRA, Var
 from pdinfra.cluster.slo import SLO
 
@@ -336,7 +336,9 @@ def resolve(
             ck.add("pdinfra_slo", str(exc).removeprefix("pdinfra_slo: ").removeprefix("pdinfra_slo."))
     api_key = _api_key(ck, cluster_value(PDINFRA["pdinfra_api_key"]) or "",
                        cluster_value(PDINFRA["pdinfra_api_key_file"]) or "")  # fmt: skip
-    kv_policy = cluster_value(PDINFRA["pdinfra_kv_load_failure_policy"]) or "fail"
+    store_on = bool(cluster_value(PDINFRA["pdinfra_kv_store"]))
+    store_values = {n: cluster_value(PDINFRA[n]) for n in STORE_VARS}  # checked whether the tier is on or not
+    kv_policy = cluster_value(PDINFRA["pdinfra_kv_load_failure_policy"]) or ("recompute" if store_on else "fail")
     service_user = str(cluster_value(PDINFRA["pdinfra_service_user"]) or "pdinfra")
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", service_user) or service_user == "root":
         ck.add("pdinfra_service_user", f"{service_user!r} must be an unprivileged system user name (lower case, "
@@ -427,8 +429,15 @@ def resolve(
     monitoring = None
     if serving and cluster_value(PDINFRA["pdinfra_monitoring"]) and all_instances:
         monitoring = _monitoring(ck, hosts, router_objs, cluster_value)
+    kv_store = None
+    if serving and store_on and all_instances:
+        kv_store = _kv_store(ck, hosts, router_objs, monitoring, store_values, profile)
+    if kv_store is not None:  # who joins: every instance under agg, the chosen roles under PD
+        hosts = [dataclasses.replace(h, instances=tuple(
+            dataclasses.replace(i, kv_store=layout != "pd" or i.role in kv_store.roles) for i in h.instances))
+            for h in hosts]  # fmt: skip
     if m_range and m_eph and firewall:
-        hosts = _firewalls(ck, hosts, [m_range, m_eph], client_networks, admin_networks, monitoring)
+        hosts = _firewalls(ck, hosts, [m_range, m_eph], client_networks, admin_networks, monitoring, kv_store)
 
     if ck.problems or (model is None and serving):
         return Resolution(None, ck.problems)
@@ -437,7 +446,7 @@ def resolve(
         max_model_len=int(max_model_len), kv_lease_duration=int(lease), venv=str(venv), model=model, slo=slo,
         hosts=tuple(hosts), routers=tuple(router_objs), kv_load_failure_policy=str(kv_policy),
         service_user=service_user, api_key_required=bool(api_key), kv_port_range=port_range, firewall=firewall,
-        monitoring=monitoring, secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
+        monitoring=monitoring, kv_store=kv_store, secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
     )  # fmt: skip
     return Resolution(cluster, [])
 
@@ -540,9 +549,57 @@ def _monitoring(ck: _Checker, hosts: list[Host], routers: list[Router], cluster_
                       targets=targets, labels=labels)  # fmt: skip
 
 
+STORE_VARS = ("pdinfra_kv_store_host", "pdinfra_kv_store_port", "pdinfra_kv_store_metrics_port",
+              "pdinfra_kv_store_protocol", "pdinfra_kv_store_segment_mib", "pdinfra_kv_store_buffer_mib",
+              "pdinfra_kv_store_lease_ttl_ms", "pdinfra_kv_store_roles")  # fmt: skip
+
+
+def _kv_store(ck: _Checker, hosts: list[Host], routers: list[Router], monitoring: Monitoring | None,
+              values: dict[str, Any], profile: str) -> KVStore | None:  # fmt: skip
+    """Where the Mooncake master runs, its ports (apart from every other service of its host) and the store's sizes,
+    with the profile's defaults."""
+    pd = [h for h in hosts if h.in_cluster and h.address]
+    if not pd:
+        return None
+    name = values["pdinfra_kv_store_host"] or (routers[0].host if routers else pd[0].name)
+    host = next((h for h in pd if h.name == name), None)
+    if host is None:
+        ck.add("pdinfra_kv_store_host", f"{name!r} is not a host of pd_cluster with a serving address; PD hosts: "
+               f"{', '.join(h.name for h in pd)}{_suggest(str(name), [h.name for h in pd])}")  # fmt: skip
+        return None
+    port = int(values["pdinfra_kv_store_port"])
+    metrics = int(values["pdinfra_kv_store_metrics_port"])
+    used = {i.port: f"instance {i.name}" for i in host.instances}
+    used.update({i.side_channel_port + r: f"{i.name}'s side channel" for i in host.instances for r in range(i.tp)})
+    if host.router is not None:
+        used.update({host.router.port: "the router", host.router.metrics_port: "the router's metrics"})
+    if monitoring is not None:
+        used[monitoring.node_exporter_port] = "the node exporter"
+        if monitoring.host == host.name:
+            used[monitoring.prometheus_port] = "Prometheus"
+    for p, var in ((port, "pdinfra_kv_store_port"), (metrics, "pdinfra_kv_store_metrics_port")):
+        if p in used:
+            ck.add(var, f"port {p} is already used by {used[p]}", host.name)
+        used.setdefault(p, var)
+    roles = values["pdinfra_kv_store_roles"] or []
+    bad = [r for r in roles if r not in ("prefill", "decode")] if isinstance(roles, list) else [roles]
+    if bad or not roles:
+        ck.add("pdinfra_kv_store_roles", f"must be a non-empty list of prefill and decode, not {_show(roles)}")
+        return None
+    gpu = profile == "gpu"
+    protocol = values["pdinfra_kv_store_protocol"] or ("rdma" if gpu else "tcp")
+    segment = values["pdinfra_kv_store_segment_mib"] or (16384 if gpu else 256)
+    buffer = values["pdinfra_kv_store_buffer_mib"] or (4096 if gpu else 128)
+    return KVStore(host=host.name, address=str(host.address), port=port, metrics_port=metrics,
+                   master=f"{host.address}:{port}", protocol=str(protocol), segment_mib=int(segment),
+                   buffer_mib=int(buffer),
+                   lease_ttl_ms=int(values["pdinfra_kv_store_lease_ttl_ms"]),
+                   roles=tuple(r for r in ("prefill", "decode") if r in roles))  # fmt: skip
+
+
 def _firewalls(
     ck: _Checker, hosts: list[Host], ranges: list[tuple[int, int]], client_networks: tuple[str, ...],
-    admin_networks: tuple[str, ...], monitoring: Monitoring | None = None,
+    admin_networks: tuple[str, ...], monitoring: Monitoring | None = None, kv_store: KVStore | None = None,
 ) -> list[Host]:  # fmt: skip
     """Each PD host's firewall: the PD ports (service ports, UCX's range, the ephemeral range) from the cluster's
     own addresses and the admin networks, the router port from clients."""
@@ -567,6 +624,8 @@ def _firewalls(
                 spans.append((monitoring.dcgm_exporter_port, monitoring.dcgm_exporter_port))
             if monitoring.host == h.name:
                 spans.append((monitoring.prometheus_port, monitoring.prometheus_port))
+        if kv_store is not None and kv_store.host == h.name:  # the master: every instance's store client, scrapes
+            spans += [(kv_store.port, kv_store.port), (kv_store.metrics_port, kv_store.metrics_port)]
         for lo, hi in spans:
             if kv[0] <= hi and lo <= kv[1]:
                 ck.add("pdinfra_kv_port_range", f"{kv[0]}-{kv[1]} contains port {lo} of this host's services; "

@@ -136,9 +136,35 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "to root-only files. Empty: no key.", default="", secret=True),
     _f("pdinfra_api_key_file", "str", "A file on the controller whose first line is the API key (instead of "
        "`pdinfra_api_key`; it must not be readable by group or others).", default=""),
-    _f("pdinfra_kv_load_failure_policy", "str", "What a decode instance does when it cannot read a request's KV "
-       "(prefill died, link cut): `fail` returns an error for that request (vLLM's and llm-d's default); `recompute` "
-       "redoes the prefill on the decode instance.", default="fail", choices=("fail", "recompute")),
+    _f("pdinfra_kv_load_failure_policy", "str", "What an instance does when it cannot load a request's KV "
+       "(prefill died, link cut, KV store down or slow): `fail` returns an error for that request (vLLM's and llm-d's "
+       "default); `recompute` computes it on the instance instead.", choices=("fail", "recompute"),
+       default_text="`recompute` with `pdinfra_kv_store` (a store that is down must not fail requests), else `fail`"),
+    _f("pdinfra_kv_store", "bool", "Deploy the KV reuse tier: a Mooncake store (`mooncake_master`) on "
+       "`pdinfra_kv_store_host`; prefill (and aggregated) instances save their KV blocks to it and every instance "
+       "loads prompt prefixes another instance computed (vLLM's MooncakeStoreConnector, under PD inside MultiConnector "
+       "after NixlConnector; docs/connectors.md).", default=False),
+    _f("pdinfra_kv_store_host", "str", "The PD host that runs the store's master.", default=None,
+       default_text="the router's host"),
+    _f("pdinfra_kv_store_port", "port", "The master's RPC port, on the store host's serving address; open to "
+       "cluster peers only.", default=50051),
+    _f("pdinfra_kv_store_metrics_port", "port", "The master's metrics port (Prometheus text on /metrics), on the "
+       "store host's serving address.", default=9003),
+    _f("pdinfra_kv_store_protocol", "str", "How instances move KV to and from the store: `tcp` or `rdma` "
+       "(Mooncake's transfer engine; `rdma` uses the host's rails).", choices=("tcp", "rdma"),
+       default_text="`tcp` on cpu, `rdma` on gpu"),
+    _f("pdinfra_kv_store_segment_mib", "int", "Memory each instance contributes to the store (Mooncake's "
+       "`global_segment_size`, MiB; Mooncake's default is 4096).", min=16, max=4_194_304,
+       default_text="`256` on cpu, `16384` on gpu"),
+    _f("pdinfra_kv_store_buffer_mib", "int", "Each instance's staging buffer for store transfers (Mooncake's "
+       "`local_buffer_size`, MiB).", min=16, max=1_048_576, default_text="`128` on cpu, `4096` on gpu"),
+    _f("pdinfra_kv_store_roles", "list", "Under PD, the instance roles that join the store. `prefill` (the default): "
+       "prefill instances share prompt prefixes through it while decode instances get their KV from NIXL only, so a "
+       "slow store never stalls a decode (vLLM asks every connector before scheduling a request); add `decode` to "
+       "let decode instances load from it too. Aggregated instances always join.", default=["prefill"]),
+    _f("pdinfra_kv_store_lease_ttl_ms", "int", "How long the master keeps an object from eviction after a lookup "
+       "(`--default_kv_lease_ttl`; Mooncake's default 10000 let a read that took over 10 s fail with LEASE_EXPIRED "
+       "on a loaded 2-core host).", default=30000, min=1000, max=3_600_000),
     _f("pdinfra_service_user", "str", "Unprivileged system user every pdinfra unit (instances, router, probe) runs "
        "as.", default="pdinfra"),
     _f("pdinfra_firewall", "bool", "Render an nftables table that lets the PD ports (instances, NIXL side channels, "
@@ -190,13 +216,14 @@ ROLES = (
     "pd_runtime",
     "pd_firewall",
     "pd_model",
+    "pd_kv_store",
     "vllm_instance",
     "pd_router",
     "pd_monitoring",
 )
 ROLE_PREFIXES = {"preflight": "preflight_", "nvidia_driver": "nvidia_driver_", "rdma_roce": "rdma_roce_",
                  "ucx": "ucx_", "pd_runtime": "pd_runtime_", "pd_firewall": "pd_firewall_", "pd_model": "pd_model_",
-                 "vllm_instance": "vllm_instance_", "pd_router": "pd_router_",
+                 "pd_kv_store": "pd_kv_store_", "vllm_instance": "vllm_instance_", "pd_router": "pd_router_",
                  "pd_monitoring": "pd_monitoring_"}  # fmt: skip
 # Ranges and patterns the roles enforce in tasks/validate.yml, checked before any host is touched.
 ROLE_RANGES: dict[str, tuple[int, int]] = {

@@ -5,7 +5,9 @@ Three proofs, each recorded with its evidence:
 2. the decode instances' NIXL metrics (``vllm:nixl_xfer_time_seconds`` count and
    ``vllm:nixl_bytes_transferred``) grew during those requests, with bytes > 0 and no failed
    transfer, and their prompt tokens came from ``external_kv_transfer``, not local compute;
-3. greedy output through P->D equals the decode instance's own greedy output for the same prompt.
+3. greedy output through P->D equals the decode instance's own greedy output for the same prompt;
+4. with the KV reuse tier, a prompt one instance computed is served by an instance on another host with at least
+   80% of its prompt tokens from the Mooncake store (``vllm:external_prefix_cache_hits``) and the same text.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ class Endpoints:
     decode: list[str]
     model: str
     api_key: str = ""
+    # The KV reuse tier (pdinfra_kv_store): an instance that saves to the store, one on another host that loads
+    # from it, and the master's metrics URL.
+    store_pair: tuple[str, str] | None = None
+    store_metrics: str = ""
 
 
 @dataclass
@@ -146,6 +152,9 @@ def labelled(values: dict[str, float], name: str, label: str) -> float:
     return sum(v for k, v in values.items() if k.startswith(name + "{") and label in k)
 
 
+EXTERNAL_HITS = ("vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_hits")
+STORE_KEYS = "master_key_count"
+REUSE_SHARE = 0.8  # of a prompt's tokens the other instance must take from the store
 XFER_COUNT = ("vllm:nixl_xfer_time_seconds_count",)
 XFER_BYTES = ("vllm:nixl_bytes_transferred_sum", "vllm:nixl_bytes_transferred_total", "vllm:nixl_bytes_transferred")
 XFER_FAILED = ("vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_transfers")
@@ -174,6 +183,60 @@ def kv_proof(before: dict[str, float], after: dict[str, float]) -> Proof:
         f"decode /metrics: +{d_count:.0f} NIXL transfers, +{d_bytes:.0f} bytes, +{d_failed:.0f} failed, "
         f"+{d_ext:.0f} prompt tokens from external_kv_transfer",
     )
+
+
+def reuse_prompt(nonce: str, words: int = 360) -> str:
+    """A prompt no instance has seen (the nonce comes first, so no block of it is in any cache yet): about 1.5
+    tokens a word with the tiny model's tokenizer."""
+    vocab = ("store", "block", "prefix", "cache", "decode", "prefill", "token", "layer", "reuse", "instance")
+    return f"Request {nonce}: " + " ".join(f"{vocab[(i * 7) % len(vocab)]}{i % 97}" for i in range(words))
+
+
+def _store_keys(url: str) -> float:
+    return parse_metrics(get_text(url)).get(STORE_KEYS, 0.0)
+
+
+def reuse_proof(ep: Endpoints, timeout: float = 300, wait_s: float = 10.0) -> tuple[Proof, dict[str, float]]:
+    """One prompt on the saving instance, then on the loading one (another host): the loader's external prefix
+    cache hits must cover REUSE_SHARE of the prompt and the greedy text must match. Also times a cold prompt of the
+    same length on the loader, for the TTFT it saves (in the evidence, not the verdict: one sample on a loaded
+    host is no measurement). Returns the proof and the times (ms)."""
+    name = "a prompt computed on one instance is loaded from the KV store by another"
+    assert ep.store_pair is not None
+    src, dst = ep.store_pair
+    base = {"model": ep.model, "max_tokens": 4, "temperature": 0, "seed": 0}
+    nonce = f"{time.time_ns():x}"
+    times: dict[str, float] = {}
+    try:
+        t0 = time.monotonic()
+        post_json(dst + "/v1/completions", base | {"prompt": reuse_prompt(nonce + "c")}, ep.api_key, timeout)
+        times["cold_ms"] = (time.monotonic() - t0) * 1000
+        keys0 = _store_keys(ep.store_metrics)
+        body = base | {"prompt": reuse_prompt(nonce)}
+        first = post_json(src + "/v1/completions", body, ep.api_key, timeout)
+        deadline = time.monotonic() + wait_s  # the save is asynchronous: wait for the master to list the blocks
+        while _store_keys(ep.store_metrics) <= keys0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        keys = _store_keys(ep.store_metrics) - keys0
+        before = scrape([dst])
+        t0 = time.monotonic()
+        second = post_json(dst + "/v1/completions", body, ep.api_key, timeout)
+        times["reuse_ms"] = (time.monotonic() - t0) * 1000
+        after = scrape([dst])
+    except (OSError, KeyError, ValueError) as exc:  # URLError, resets and timeouts are OSErrors
+        return Proof(name, False, f"{type(exc).__name__}: {exc}"), times
+    hits = metric(after, *EXTERNAL_HITS) - metric(before, *EXTERNAL_HITS)
+    tokens = int(second.get("usage", {}).get("prompt_tokens", 0))
+    texts = [(o.get("choices") or [{}])[0].get("text") for o in (first, second)]
+    unfinished = not_finished(second)
+    ok = tokens > 0 and hits >= REUSE_SHARE * tokens and texts[0] == texts[1] and not unfinished
+    return Proof(
+        name, ok,
+        f"{src} computed {tokens} prompt tokens (master +{keys:.0f} keys); {dst} took {hits:.0f} of them "
+        f"({hits / max(tokens, 1):.0%}) from the store in {times['reuse_ms']:.0f} ms (a cold prompt of the same "
+        f"length: {times['cold_ms']:.0f} ms); same text: {texts[0] == texts[1]}"
+        + (f"; finish_reason {unfinished}" if unfinished else ""),
+    ), times  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the smoke run
@@ -241,6 +304,11 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
     except (OSError, KeyError, ValueError) as exc:  # URLError, resets and timeouts are OSErrors
         res.proofs.append(Proof("greedy P->D output equals the decode instance's own", False, str(exc)))
     res.seconds["direct"] = round(time.monotonic() - t0, 3)
+
+    if ep.store_pair:
+        t0 = time.monotonic()
+        res.proofs.append(reuse_proof(ep, timeout)[0])
+        res.seconds["reuse"] = round(time.monotonic() - t0, 3)
     return res
 
 
@@ -252,4 +320,24 @@ def endpoints_from_cluster(cluster: Cluster, api_key: str = "") -> Endpoints:
         decode=[i.url for i in cluster.by_role("decode")],
         model=cluster.model.name,
         api_key=api_key,
+        store_pair=store_pair(cluster),
+        store_metrics=f"http://{cluster.kv_store.address}:{cluster.kv_store.metrics_port}/metrics"
+        if cluster.kv_store
+        else "",
     )
+
+
+def store_pair(cluster: Cluster) -> tuple[str, str] | None:
+    """(saver, loader) for the reuse proof: the first instance that saves to the store (a prefill under PD: decode
+    instances only load) and an instance on another host (the same host only when there is no other)."""
+    if cluster.kv_store is None or not cluster.instances:
+        return None
+    savers = cluster.by_role("prefill") if cluster.layout == "pd" else cluster.instances
+    if not savers:
+        return None
+    src = savers[0]
+    others = [i for i in cluster.instances if i.name != src.name]
+    if not others:
+        return None
+    dst = next((i for i in others if i.host != src.host), others[0])
+    return src.url, dst.url

@@ -36,7 +36,9 @@ MIRROR = os.environ.get("PDINFRA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BASE_PACKAGES = (
     "systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,python3-packaging,libnuma1,openssh-server,"
     "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less,nftables,nginx-light,prometheus,"
-    "prometheus-node-exporter"
+    "prometheus-node-exporter,"
+    # Mooncake's wheels (the KV reuse tier, pdinfra_kv_store) link libibverbs even without RDMA hardware.
+    "libibverbs1"
 )
 BRIDGE = "pdbr0"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pdinfra import paths
 from pdinfra.bench import plan as P
 from pdinfra.bench import runner as R
 from pdinfra.bench.analysis import analyze_run
@@ -64,6 +65,14 @@ def test_small_plan_for_the_cpu_stack():
         ("pd", 256, 32, 1, 10),
         ("pd", 256, 32, 2, 20),
         ("pd", 256, 32, 4, 40),
+    ]
+
+
+def test_long_plan_is_the_documented_pd_wins_workload():
+    points = P.get_plan("long").points()
+    assert {(p.input_len, p.output_len) for p in points} == {(1536, 64)}
+    assert [(p.layout, p.max_concurrency, p.num_prompts) for p in points] == [
+        (layout, c, 4 * c) for layout in ("agg", "pd") for c in (1, 4, 8, 16)
     ]
 
 
@@ -376,3 +385,15 @@ def test_bench_plan_cmd_prints_every_command():
     assert "pdinfra.serving.vllm_bench serve" in text.output
     bad = runner.invoke(app, ["plan", "--slo", "{itl_p95_ms: 3}"])
     assert bad.exit_code == 2 and "itl_p95_ms" in bad.output
+
+
+def test_the_1p1d_inventory_is_the_local_one_less_node2s_instance():
+    from pdinfra.cluster.inventory import load_cluster
+
+    full = load_cluster(paths.REPO / "inventory" / "local" / "hosts.yml")
+    one = load_cluster(paths.REPO / "inventory" / "local-1p1d" / "hosts.yml")
+    assert (
+        [(i.name, i.role, i.host) for i in one.instances]
+        == [(i.name, i.role, i.host) for i in full.instances if i.host == "node1"]
+        == [("prefill0", "prefill", "node1"), ("decode1", "decode", "node1")]
+    )

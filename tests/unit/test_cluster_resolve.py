@@ -251,6 +251,26 @@ def test_monitoring_targets_come_from_the_model_and_its_ports_must_be_free():
     assert resolved(hv).cluster.monitoring is None
 
 
+def test_the_kv_store_tier_defaults_by_profile_and_opens_the_master_to_peers():
+    assert resolved().cluster.kv_store is None and resolved().cluster.kv_load_failure_policy == "fail"
+    hv = copy.deepcopy(CPU)
+    for h in hv.values():
+        h["pdinfra_kv_store"] = True
+    c = resolved(hv).cluster
+    assert c.kv_store == R.KVStore(host="node1", address="198.18.0.11", port=50051, metrics_port=9003,
+                                   master="198.18.0.11:50051", protocol="tcp", segment_mib=256, buffer_mib=128,
+                                   lease_ttl_ms=30000)  # fmt: skip
+    assert c.kv_load_failure_policy == "recompute"  # the tier's default: a store outage must not fail requests
+    fw = {h.name: h.firewall for h in c.hosts}
+    assert "9003" in fw["node1"].peer_ports and "9003" not in fw["node2"].peer_ports
+    assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    for h in hv.values():
+        h["pdinfra_kv_load_failure_policy"] = "fail"  # an explicit choice wins
+        h["pdinfra_kv_store_host"] = "node2"
+    c = resolved(hv).cluster
+    assert c.kv_load_failure_policy == "fail" and c.kv_store.master == "198.18.0.12:50051"
+
+
 def test_extra_vars_given_as_strings_are_typed():
     hv = copy.deepcopy(CPU)
     for h in hv.values():
@@ -324,6 +344,13 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("api key file missing", CPU, _set_all("pdinfra_api_key_file", "/nonexistent/key"), "pdinfra_api_key_file: /nonexistent/key: cannot read it on the controller (No such file or directory)"),
     ("api key file readable by others", CPU, _set_all("pdinfra_api_key_file", "/etc/hostname"), "pdinfra_api_key_file: /etc/hostname is readable by group or others (mode "),
     ("kv load failure policy", CPU, _set_all("pdinfra_kv_load_failure_policy", "retry"), "pdinfra_kv_load_failure_policy: must be one of fail, recompute, not 'retry'"),
+    ("kv store host unknown", CPU, lambda hv: [h.update(pdinfra_kv_store=True, pdinfra_kv_store_host="node3") for h in hv.values()], "pdinfra_kv_store_host: 'node3' is not a host of pd_cluster with a serving address; PD hosts: node1, node2"),
+    ("kv store port taken by the router", CPU, lambda hv: [h.update(pdinfra_kv_store=True, pdinfra_kv_store_port=8000) for h in hv.values()], "host node1: pdinfra_kv_store_port: port 8000 is already used by the router"),
+    ("kv store ports equal", CPU, lambda hv: [h.update(pdinfra_kv_store=True, pdinfra_kv_store_metrics_port=50051) for h in hv.values()], "host node1: pdinfra_kv_store_metrics_port: port 50051 is already used by pdinfra_kv_store_port"),
+    ("kv store protocol", CPU, _set_all("pdinfra_kv_store_protocol", "ib"), "pdinfra_kv_store_protocol: must be one of tcp, rdma, not 'ib'"),
+    ("kv store segment too small", CPU, _set_all("pdinfra_kv_store_segment_mib", 1), "pdinfra_kv_store_segment_mib: must be an integer in 16..4194304, not 1"),
+    ("kv store lease too short", CPU, _set_all("pdinfra_kv_store_lease_ttl_ms", 10), "pdinfra_kv_store_lease_ttl_ms: must be an integer in 1000..3600000, not 10"),
+    ("kv store flag differs", CPU, lambda hv: [hv["node1"].update(pdinfra_kv_store=False), hv["node2"].update(pdinfra_kv_store=True)], "pdinfra_kv_store: differs between hosts"),
     ("service user root", CPU, _set_all("pdinfra_service_user", "root"), "pdinfra_service_user: 'root' must be an unprivileged system user name"),
     ("client network not a network", CPU, _set_all("pdinfra_client_networks", ["198.18.0.1/15"]), "pdinfra_client_networks[0]: '198.18.0.1/15' is not an IPv4 network such as 198.18.0.0/15 (198.18.0.1/15 has host bits set)"),
     ("admin network not IPv4", CPU, _set_all("pdinfra_admin_networks", ["2001:db8::/32"]), "pdinfra_admin_networks[0]: '2001:db8::/32' is not an IPv4 network"),

@@ -27,7 +27,7 @@ PLAY = """
   hosts: pd_cluster
   connection: local
   gather_facts: false
-  vars_files: ["{repo}/roles/vllm_instance/defaults/main.yml"]
+  vars_files: ["{repo}/roles/vllm_instance/defaults/main.yml", "{repo}/roles/pd_kv_store/defaults/main.yml"]
   vars:
     ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
   tasks:
@@ -43,19 +43,92 @@ PLAY = """
         dest: "{out}/{{{{ inventory_hostname }}}}-{{{{ item.name }}}}.env"
         mode: "0600"
       loop: "{{{{ vllm_instance_list }}}}"
+    - name: KV store client configuration (the reuse tier)
+      ansible.builtin.template:
+        src: "{repo}/roles/vllm_instance/templates/kv-store.json.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-{{{{ item.name }}}}.kv-store.json"
+        mode: "0644"
+      loop: "{{{{ vllm_instance_list | selectattr('kv_store') | list }}}}"
+    - name: The store master's unit
+      ansible.builtin.template:
+        src: "{repo}/roles/pd_kv_store/templates/pdinfra-kv-store.service.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-kv-store.service"
+        mode: "0644"
+      when: pd_kv_store_here | bool
 """
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> Path:
+def _render(tmp_path_factory, inventory: Path, *extra: str) -> Path:
     out = tmp_path_factory.mktemp("units")
     play = out / "render.yml"
     play.write_text(PLAY.format(repo=REPO, out=out))
     env = ansible_env()
-    res = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INV), str(play)], cwd=REPO, env=env,
+    args = [a for e in extra for a in ("-e", e)]
+    res = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *args, str(play)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    return _render(tmp_path_factory, INV)
+
+
+@pytest.fixture(scope="module")
+def rendered_store(tmp_path_factory) -> Path:
+    """The HGX example with the KV reuse tier on (pdinfra_kv_store)."""
+    return _render(tmp_path_factory, INV, '{"pdinfra_kv_store": true}')
+
+
+def test_the_reuse_tier_joins_nixl_and_the_mooncake_store_in_one_multiconnector(rendered_store):
+    unit = (rendered_store / "hgx-h100-01-prefill0.service").read_text()
+    kv = json.loads(unit.split("--kv-transfer-config '")[1].split("'")[0])
+    assert kv == {
+        "kv_connector": "MultiConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
+        "kv_load_failure_policy": "recompute",  # the tier's default: a store that is down must not fail requests
+        "kv_connector_extra_config": {"connectors": [
+            {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
+             "kv_connector_extra_config": {"kv_lease_duration": 120}},
+            {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
+             "kv_connector_extra_config": {"lookup_async": True}},
+        ]},
+    }  # fmt: skip
+    env = (rendered_store / "hgx-h100-01-prefill1.env").read_text()
+    assert "MOONCAKE_CONFIG_PATH=/etc/pdinfra/instances/prefill1.kv-store.json" in env
+    assert "VLLM_HOST_IP=198.18.0.11" in env and "MC_TCP_BIND_ADDRESS=198.18.0.11" in env
+    # Decode instances keep NIXL alone (pdinfra_kv_store_roles: [prefill]): no store lookup can delay a decode.
+    decode = (rendered_store / "hgx-h100-02-decode1.service").read_text()
+    assert json.loads(decode.split("--kv-transfer-config '")[1].split("'")[0])["kv_connector"] == "NixlConnector"
+    assert "ooncake" not in (rendered_store / "hgx-h100-02-decode1.env").read_text()
+    assert not (rendered_store / "hgx-h100-02-decode1.kv-store.json").exists()
+    store = json.loads((rendered_store / "hgx-h100-01-prefill1.kv-store.json").read_text())
+    assert store == {"metadata_server": "P2PHANDSHAKE", "master_server_address": "198.18.0.11:50051",
+                     "protocol": "rdma", "device_name": "", "global_segment_size": 16384 << 20,
+                     "local_buffer_size": 4096 << 20}  # fmt: skip
+    master = (rendered_store / "hgx-h100-01-kv-store.service").read_text()
+    assert "--rpc_address=198.18.0.11 --rpc_port=50051" in master
+    assert "--metrics_host=198.18.0.11 --metrics_port=9003" in master
+    assert "--enable_http_metadata_server=false" in master and "--default_kv_lease_ttl=30000" in master
+    assert not (rendered_store / "hgx-h100-02-kv-store.service").exists()  # the router's host only
+
+
+def test_without_the_tier_no_instance_mentions_mooncake(rendered):
+    for f in rendered.iterdir():
+        assert "ooncake" not in f.read_text(), f.name
+    assert not list(rendered.glob("*kv-store*"))
+
+
+def test_aggregated_instances_use_the_store_alone(tmp_path_factory):
+    out = _render(tmp_path_factory, REPO / "inventory" / "local-reuse" / "hosts.yml", '{"pdinfra_layout": "agg"}')
+    for name in ("node1-prefill0", "node1-decode1", "node2-prefill1"):  # under agg every instance joins
+        unit = (out / f"{name}.service").read_text()
+        kv = json.loads(unit.split("--kv-transfer-config '")[1].split("'")[0])
+        assert kv == {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
+                      "kv_load_failure_policy": "recompute",
+                      "kv_connector_extra_config": {"lookup_async": True}}, name  # fmt: skip
+    store = json.loads((out / "node2-prefill1.kv-store.json").read_text())
+    assert store["protocol"] == "tcp" and store["global_segment_size"] == 256 << 20
 
 
 def test_prefill_unit_on_gpus_0_to_3_with_tp4_and_nixl_on_cuda(rendered):
