@@ -527,10 +527,10 @@ def model_tiny(
 def bench_run(
     inventory: Inv = DEFAULT_INV,
     plan: Annotated[
-        str, typer.Option(help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI) or kv-trace.")
-    ] = (
-        "default"
-    ),
+        str,
+        typer.Option(help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI), long (1536/64, "
+                          "conc. 1..16: where PD wins on inventory/local-1p1d) or kv-trace."),
+    ] = "default",
     isl: Annotated[str | None, typer.Option(help="Input lengths, e.g. 1024,8192.")] = None,
     osl: Annotated[str | None, typer.Option(help="Output lengths, e.g. 1024.")] = None,
     concurrency: Annotated[str | None, typer.Option(help="Max concurrencies, e.g. 1,2,4,8,16,32.")] = None,
