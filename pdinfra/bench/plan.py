@@ -210,7 +210,8 @@ def kv_trace_plan() -> BenchPlan:
 def long_plan() -> BenchPlan:
     """Long prompts for the local CPU stack, where PD wins (issue 13; docs/benchmarks.md): 1536/64, concurrency 1, 4,
     8 and 16, 4 prompts per unit of concurrency. Meant for the 1 prefill + 1 decode inventory
-    (inventory/local-1p1d) with ``--redeploy``; about 25 minutes on a 2-core machine."""
+    (inventory/local-1p1d) with ``--redeploy``; 6 minutes with both redeploys on the 2-core build machine
+    (docs/reports/2026-12-02-local-long-1p1d)."""
     return BenchPlan(name="long", input_lens=(1536,), output_lens=(64,), concurrencies=(1, 4, 8, 16),
                      prompts_per_concurrency=4)  # fmt: skip
 
