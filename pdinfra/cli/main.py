@@ -632,6 +632,48 @@ def bench_latency(
                   f"timer): {d.discarded[0]}")  # fmt: skip
 
 
+@bench_app.command("reuse")
+def bench_reuse(
+    inventory: Inv = DEFAULT_INV,
+    trials: Annotated[int, typer.Option(min=1, help="Trials per share and instance.")] = 3,
+    words: Annotated[
+        int, typer.Option(min=8, help="Prompt length in words (360: about 1 900 tokens of the tiny model).")
+    ] = 360,
+    out: Annotated[Path, typer.Option(help="Directory for reuse.json, reuse.md and reuse.png.")] = Path(
+        "out/bench/reuse"
+    ),
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")] = False,
+) -> None:
+    """The KV reuse experiment (needs pdinfra_kv_store): TTFT of prompts that share 0-100% of an earlier prompt,
+    on the instance that computed it (its own prefix cache) and on one on another host (the Mooncake store).
+    Sends one request at a time straight to the two instances; run it on an otherwise idle cluster."""
+    from pdinfra.bench import reuse
+    from pdinfra.serving import smoke as smoke_mod
+
+    cluster = _cluster(inventory, secrets=True)
+    pair = smoke_mod.store_pair(cluster)
+    if pair is None:
+        typer.echo(f"error: {inventory} has no KV reuse tier with two instances to compare (pdinfra_kv_store: "
+                   "true, and a saving instance plus one more)", err=True)  # fmt: skip
+        raise typer.Exit(2)
+    con = Console(width=160, stderr=True)
+
+    def progress(done: int, total: int, s: reuse.Sample) -> None:
+        what = f"{s.ttft_ms:.0f} ms, {s.store_hits:.0f} from store" if s.ok else f"failed: {s.error}"
+        con.print(f"[cyan]»[/] {done}/{total} shared {s.share}% on the {s.target} instance: {what}")
+
+    rr = reuse.run(pair[0], pair[1], cluster.model.name, cluster.secrets.api_key, n_words=words, trials=trials,
+                   progress=progress)  # fmt: skip
+    files = reuse.write(rr, out)
+    if json_out:
+        typer.echo(json.dumps(rr.to_dict(), indent=1))
+    else:
+        Console(width=160).print(reuse.markdown(rr))
+        con.print(f"written: {', '.join(map(str, files))}")
+    if any(not s.ok for s in rr.samples):
+        raise typer.Exit(1)
+
+
 bench_app.command("plan")(bench_plan_cmd)
 bench_app.command("report")(bench_report_cmd)
 app.command("facts")(facts_cmd)

@@ -127,6 +127,7 @@ class KVStore:
     buffer_mib: int
     lease_ttl_ms: int
     roles: tuple[str, ...] = ("prefill",)  # under PD, the instance roles that join the store
+    client_ports: str = "15000-16999"  # MC_MIN_RPC_PORT-MC_MAX_RPC_PORT of the store clients (in the instances)
 
 
 @dataclass(frozen=True)

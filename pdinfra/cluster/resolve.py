@@ -338,6 +338,8 @@ def resolve(
                        cluster_value(PDINFRA["pdinfra_api_key_file"]) or "")  # fmt: skip
     store_on = bool(cluster_value(PDINFRA["pdinfra_kv_store"]))
     store_values = {n: cluster_value(PDINFRA[n]) for n in STORE_VARS}  # checked whether the tier is on or not
+    m_store = _port_range(ck, "pdinfra_kv_store_port_range", str(store_values["pdinfra_kv_store_port_range"]),
+                          "15000-16999")  # fmt: skip
     kv_policy = cluster_value(PDINFRA["pdinfra_kv_load_failure_policy"]) or ("recompute" if store_on else "fail")
     service_user = str(cluster_value(PDINFRA["pdinfra_service_user"]) or "pdinfra")
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", service_user) or service_user == "root":
@@ -351,6 +353,10 @@ def resolve(
     ephemeral = str(cluster_value(PDINFRA["pdinfra_firewall_ephemeral_ports"]))
     m_range = _port_range(ck, "pdinfra_kv_port_range", port_range, "20000-20999")
     m_eph = _port_range(ck, "pdinfra_firewall_ephemeral_ports", ephemeral, "32768-60999")
+    for rng, var in ((m_range, "pdinfra_kv_port_range"), (m_eph, "pdinfra_firewall_ephemeral_ports")):
+        if store_on and m_store and rng and not (m_store[1] < rng[0] or rng[1] < m_store[0]):
+            ck.add("pdinfra_kv_store_port_range", f"{store_values['pdinfra_kv_store_port_range']} overlaps {var} "
+                   f"{port_range if var == 'pdinfra_kv_port_range' else ephemeral}; choose a range apart from it")
     if m_range and m_eph and not (m_range[1] < m_eph[0] or m_eph[1] < m_range[0]):
         ck.add("pdinfra_kv_port_range", f"{port_range} overlaps pdinfra_firewall_ephemeral_ports {ephemeral}: UCX "
                "would compete with the kernel's ephemeral ports; choose a range below it")  # fmt: skip
@@ -551,7 +557,7 @@ def _monitoring(ck: _Checker, hosts: list[Host], routers: list[Router], cluster_
 
 STORE_VARS = ("pdinfra_kv_store_host", "pdinfra_kv_store_port", "pdinfra_kv_store_metrics_port",
               "pdinfra_kv_store_protocol", "pdinfra_kv_store_segment_mib", "pdinfra_kv_store_buffer_mib",
-              "pdinfra_kv_store_lease_ttl_ms", "pdinfra_kv_store_roles")  # fmt: skip
+              "pdinfra_kv_store_lease_ttl_ms", "pdinfra_kv_store_roles", "pdinfra_kv_store_port_range")  # fmt: skip
 
 
 def _kv_store(ck: _Checker, hosts: list[Host], routers: list[Router], monitoring: Monitoring | None,
@@ -594,7 +600,8 @@ def _kv_store(ck: _Checker, hosts: list[Host], routers: list[Router], monitoring
                    master=f"{host.address}:{port}", protocol=str(protocol), segment_mib=int(segment),
                    buffer_mib=int(buffer),
                    lease_ttl_ms=int(values["pdinfra_kv_store_lease_ttl_ms"]),
-                   roles=tuple(r for r in ("prefill", "decode") if r in roles))  # fmt: skip
+                   roles=tuple(r for r in ("prefill", "decode") if r in roles),
+                   client_ports=str(values["pdinfra_kv_store_port_range"]))  # fmt: skip
 
 
 def _firewalls(
@@ -626,6 +633,9 @@ def _firewalls(
                 spans.append((monitoring.prometheus_port, monitoring.prometheus_port))
         if kv_store is not None and kv_store.host == h.name:  # the master: every instance's store client, scrapes
             spans += [(kv_store.port, kv_store.port), (kv_store.metrics_port, kv_store.metrics_port)]
+        if kv_store is not None and any(i.kv_store for i in h.instances):  # store clients (bound to every address)
+            lo, _, hi = kv_store.client_ports.partition("-")
+            spans.append((int(lo), int(hi)))
         for lo, hi in spans:
             if kv[0] <= hi and lo <= kv[1]:
                 ck.add("pdinfra_kv_port_range", f"{kv[0]}-{kv[1]} contains port {lo} of this host's services; "

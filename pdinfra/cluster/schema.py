@@ -158,6 +158,10 @@ PDINFRA_VARS: tuple[Var, ...] = (
        default_text="`256` on cpu, `16384` on gpu"),
     _f("pdinfra_kv_store_buffer_mib", "int", "Each instance's staging buffer for store transfers (Mooncake's "
        "`local_buffer_size`, MiB).", min=16, max=1_048_576, default_text="`128` on cpu, `4096` on gpu"),
+    _f("pdinfra_kv_store_port_range", "str", "Ports the instances' store clients listen on (Mooncake's handshake "
+       "and TCP transport: `MC_MIN_RPC_PORT`-`MC_MAX_RPC_PORT`), opened to cluster peers only. Mooncake binds these "
+       "listeners to every address whatever it is told (docs/connectors.md); the firewall keeps them to the "
+       "cluster.", default="15000-16999"),
     _f("pdinfra_kv_store_roles", "list", "Under PD, the instance roles that join the store. `prefill` (the default): "
        "prefill instances share prompt prefixes through it while decode instances get their KV from NIXL only, so a "
        "slow store never stalls a decode (vLLM asks every connector before scheduling a request); add `decode` to "
@@ -260,7 +264,8 @@ ROLE_PATTERNS: dict[str, tuple[str, str]] = {
 }
 # Role variables that are derived from the cluster model (the roles read pdinfra_node / pdinfra_cluster);
 # setting them in the inventory would bypass the model, so resolve refuses them.
-DERIVED_ROLE_VARS = ("vllm_instance_list", "pd_firewall_rules", "vllm_instance_runtime_id")
+DERIVED_ROLE_VARS = ("vllm_instance_list", "pd_firewall_rules", "vllm_instance_runtime_id",
+                     "vllm_instance_kv_store_config", "pd_kv_store_config")
 
 
 @dataclass(frozen=True)

@@ -186,8 +186,8 @@ def kv_proof(before: dict[str, float], after: dict[str, float]) -> Proof:
 
 
 def reuse_prompt(nonce: str, words: int = 360) -> str:
-    """A prompt no instance has seen (the nonce comes first, so no block of it is in any cache yet): about 1.5
-    tokens a word with the tiny model's tokenizer."""
+    """A prompt no instance has seen (the nonce comes first, so no block of it is in any cache yet): 360 words are
+    about 1 380 tokens with the tiny model's tokenizer."""
     vocab = ("store", "block", "prefix", "cache", "decode", "prefill", "token", "layer", "reuse", "instance")
     return f"Request {nonce}: " + " ".join(f"{vocab[(i * 7) % len(vocab)]}{i % 97}" for i in range(words))
 

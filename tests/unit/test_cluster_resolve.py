@@ -263,6 +263,8 @@ def test_the_kv_store_tier_defaults_by_profile_and_opens_the_master_to_peers():
     assert c.kv_load_failure_policy == "recompute"  # the tier's default: a store outage must not fail requests
     fw = {h.name: h.firewall for h in c.hosts}
     assert "9003" in fw["node1"].peer_ports and "9003" not in fw["node2"].peer_ports
+    # node1's prefill0 is in the tier (its store client listens in 15000-16999), node2's decode0 is not
+    assert "15000-16999" in fw["node1"].peer_ports and "15000-16999" not in fw["node2"].peer_ports
     assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c
     for h in hv.values():
         h["pdinfra_kv_load_failure_policy"] = "fail"  # an explicit choice wins
@@ -350,6 +352,9 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("kv store protocol", CPU, _set_all("pdinfra_kv_store_protocol", "ib"), "pdinfra_kv_store_protocol: must be one of tcp, rdma, not 'ib'"),
     ("kv store segment too small", CPU, _set_all("pdinfra_kv_store_segment_mib", 1), "pdinfra_kv_store_segment_mib: must be an integer in 16..4194304, not 1"),
     ("kv store lease too short", CPU, _set_all("pdinfra_kv_store_lease_ttl_ms", 10), "pdinfra_kv_store_lease_ttl_ms: must be an integer in 1000..3600000, not 10"),
+    ("kv store port range over the UCX range", CPU, lambda hv: [h.update(pdinfra_kv_store=True, pdinfra_kv_store_port_range="20500-21500") for h in hv.values()], "pdinfra_kv_store_port_range: 20500-21500 overlaps pdinfra_kv_port_range 20000-20999"),
+    ("kv store port range malformed", CPU, _set_all("pdinfra_kv_store_port_range", "15000"), "pdinfra_kv_store_port_range: '15000' must be LOW-HIGH"),
+    ("kv store roles", CPU, lambda hv: [h.update(pdinfra_kv_store=True, pdinfra_kv_store_roles=["router"]) for h in hv.values()], "pdinfra_kv_store_roles: must be a non-empty list of prefill and decode, not ['router']"),
     ("kv store flag differs", CPU, lambda hv: [hv["node1"].update(pdinfra_kv_store=False), hv["node2"].update(pdinfra_kv_store=True)], "pdinfra_kv_store: differs between hosts"),
     ("service user root", CPU, _set_all("pdinfra_service_user", "root"), "pdinfra_service_user: 'root' must be an unprivileged system user name"),
     ("client network not a network", CPU, _set_all("pdinfra_client_networks", ["198.18.0.1/15"]), "pdinfra_client_networks[0]: '198.18.0.1/15' is not an IPv4 network such as 198.18.0.0/15 (198.18.0.1/15 has host bits set)"),

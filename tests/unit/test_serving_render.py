@@ -97,6 +97,7 @@ def test_the_reuse_tier_joins_nixl_and_the_mooncake_store_in_one_multiconnector(
     env = (rendered_store / "hgx-h100-01-prefill1.env").read_text()
     assert "MOONCAKE_CONFIG_PATH=/etc/pdinfra/instances/prefill1.kv-store.json" in env
     assert "VLLM_HOST_IP=198.18.0.11" in env and "MC_TCP_BIND_ADDRESS=198.18.0.11" in env
+    assert "MC_MIN_RPC_PORT=15000" in env and "MC_MAX_RPC_PORT=16999" in env
     # Decode instances keep NIXL alone (pdinfra_kv_store_roles: [prefill]): no store lookup can delay a decode.
     decode = (rendered_store / "hgx-h100-02-decode1.service").read_text()
     assert json.loads(decode.split("--kv-transfer-config '")[1].split("'")[0])["kv_connector"] == "NixlConnector"

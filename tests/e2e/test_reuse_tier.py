@@ -1,0 +1,261 @@
+"""The KV reuse tier on the local cluster (issue 14): `pdinfra up -i inventory/local-reuse/hosts.yml`.
+
+That overlay is the local inventory with ``pdinfra_kv_store: true`` and a second prefill instance on node2 where the
+local inventory has decode0: a Mooncake store master on node1, shared by prefill0 (node1) and prefill1 (node2)
+through vLLM's MooncakeStoreConnector inside MultiConnector after NixlConnector; decode1 decodes for both over NIXL.
+It runs after the reliability module (the cluster is torn down next), so it converges the overlay once and leaves
+it.
+
+Exercised for real: Mooncake 0.3.13.post1 (mooncake_master, the store client and its TCP transfer engine) inside
+vLLM 0.32's CPU build, NIXL, vllm-router, the pd_kv_store, pd_runtime, pd_firewall and vllm_instance roles.
+Not exercised: RDMA (protocol rdma), GPU memory segments, the store's eviction under memory pressure.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from e2e_helpers import BIN, E2E_MARKS, LOG_DIR, REPO, on, run
+from test_reliability import REQUEST_TIMEOUT_S, api_key, healthy, post, wait_until
+
+from pdinfra.cluster.inventory import load_cluster
+from pdinfra.serving import smoke
+
+pytestmark = E2E_MARKS
+
+REUSE_INV = REPO / "inventory" / "local-reuse" / "hosts.yml"
+ROUTER = "http://198.18.0.11:8000"
+MASTER_METRICS = "http://198.18.0.11:9003/metrics"
+MODEL = "pdinfra-tiny-llama"
+TEST_NET = ipaddress.ip_network("198.18.0.0/15")
+LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+
+
+@pytest.fixture(scope="module")
+def tier(cluster):
+    """Converge the overlay with `pdinfra up` (the smoke summary at its end includes the store proof).
+    PDINFRA_E2E_REUSE=1 (development only) with a log of an earlier such run: use the cluster as it is."""
+    log = LOG_DIR / "r0-up-reuse.log"
+    if os.environ.get("PDINFRA_E2E_REUSE") == "1" and log.exists():
+        res = subprocess.CompletedProcess([], 0, log.read_text(), "")
+    else:
+        res = run([str(BIN / "pdinfra"), "up", "-i", str(REUSE_INV)], log="r0-up-reuse", timeout=2400)
+    if res.returncode != 0:
+        pytest.fail(f"pdinfra up -i {REUSE_INV} failed ({res.returncode}); see {LOG_DIR}/r0-up-reuse.log:\n"
+                    f"{(res.stdout + res.stderr)[-5000:]}")  # fmt: skip
+    c = load_cluster(REUSE_INV, secrets=True)
+    yield {"up": res, "cluster": c, "ep": smoke.endpoints_from_cluster(c, api_key=c.secrets.api_key),
+           "hosts": cluster["hosts"]}  # fmt: skip
+
+
+def node(tier, name: str):
+    return next(h for h in tier["hosts"] if h.name == name)
+
+
+def test_up_with_the_tier_proves_a_prompt_from_the_other_node_came_from_the_store(tier):
+    out = tier["up"].stdout
+    assert "loaded from the KV store by another" in out, out[-3000:]
+    line = next(x for x in out.splitlines() if "loaded from the KV store" in x)
+    assert "PASS" in line, out[-3000:]
+    print(re.sub(r"\s+", " ", line))
+
+
+def test_store_loads_are_faster_than_computing_the_prompt(tier):
+    """Five fresh prompts, each computed on prefill0 (node1) and then sent to prefill1 (node2): every one must take
+    >= 80% of its prompt tokens from the store with the same greedy text; the median time of the loaded request
+    must be below the median of a cold prompt of the same length on prefill1."""
+    ep = tier["ep"]
+    proofs, reuse, cold = [], [], []
+    for _ in range(5):
+        proof, times = smoke.reuse_proof(ep)
+        proofs.append(proof)
+        if proof.ok:
+            reuse.append(times["reuse_ms"])
+            cold.append(times["cold_ms"])
+    for p in proofs:
+        print(p.evidence)
+    assert all(p.ok for p in proofs), [p.evidence for p in proofs if not p.ok]
+    print(f"prefill1: median {statistics.median(reuse):.0f} ms from the store vs {statistics.median(cold):.0f} ms "
+          f"computing (max_tokens 4, ~{len(smoke.reuse_prompt('x').split())} words)")  # fmt: skip
+    assert statistics.median(reuse) < statistics.median(cold)
+
+
+def _sockets(host, log: str) -> list[tuple[str, str, str, str]]:
+    """(state, local address, peer address, process) of every TCP socket on a node (ss -tanp)."""
+    out = on(host, "ss -Htanp", log=log, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) < 5:
+            continue
+        proc = re.search(r'users:\(\("([^"]+)"', line)
+        rows.append((parts[0], parts[3], parts[4], proc.group(1) if proc else ""))
+    return rows
+
+
+def _ip(endpoint: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address of "a.b.c.d:port" or "[::ffff:a.b.c.d]:port"; None for a wildcard or anything else."""
+    host = endpoint.rsplit(":", 1)[0].strip("[]")
+    try:
+        ip = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        ip = ip.ipv4_mapped
+    return None if ip is None or ip.is_unspecified else ip
+
+
+def test_mooncake_traffic_stays_on_the_test_hosts_addresses(tier):
+    """Where the tier's sockets are, on both nodes (ss -tanp):
+    - the master listens on node1's serving address only (RPC 50051, metrics 9003);
+    - every established TCP connection, of any process, runs between the test hosts' addresses or on loopback
+      (the store clients advertise the serving address: MC_TCP_BIND_ADDRESS), and both prefill instances hold
+      connections to the master;
+    - Mooncake's own listeners in the instances (handshake and TCP transport) bind every address whatever they are
+      told (hard-coded in Mooncake 0.3.13): they must lie in pdinfra_kv_store_port_range, which the firewall opens
+      to cluster peers only, and a host outside the cluster must not reach them."""
+    from test_reliability import _connects
+
+    from pdinfra.testhosts import nspawn
+
+    rows = {h.name: _sockets(h, f"r2-ss-{h.name}") for h in tier["hosts"]}
+    master = [r for r in rows["node1"] if r[3] == "mooncake_master"]
+    assert {r[1] for r in master if r[0] == "LISTEN"} == {"198.18.0.11:50051", "198.18.0.11:9003"}, master
+    to_master, wildcard = 0, []
+    for name, sockets in rows.items():
+        for state, local, peer, proc in sockets:
+            if state == "LISTEN":
+                if _ip(local) is None and proc not in ("sshd", "nginx"):
+                    wildcard.append((name, int(local.rsplit(":", 1)[1]), proc))
+                continue
+            if state != "ESTAB":
+                continue
+            for end in (local, peer):
+                ip = _ip(end)
+                assert ip is not None and (ip in TEST_NET or ip in LOOPBACK), (name, local, peer, proc)
+            if peer == "198.18.0.11:50051":
+                to_master += 1
+    assert to_master >= 2, "both prefill instances must hold connections to the master"
+    lo, hi = (int(x) for x in tier["cluster"].kv_store.client_ports.split("-"))
+    assert wildcard, "no Mooncake listener found in the instances: did Mooncake start?"
+    stray = [w for w in wildcard if not (lo <= w[1] <= hi and w[2].startswith("VLLM"))]
+    assert not stray, f"wildcard listeners outside pdinfra_kv_store_port_range {lo}-{hi}: {stray}"
+    print(f"Mooncake listeners bound to every address, all in {lo}-{hi}: {wildcard}")
+    outside = nspawn.TestHost("outside", "198.18.0.13/24")
+    nspawn._setup_bridge(outside)
+    nspawn._setup_netns(outside)
+    try:
+        ips = {"node1": "198.18.0.11", "node2": "198.18.0.12"}
+        answered = [w for w in wildcard if _connects(ips[w[0]], w[1], outside.netns)]
+        assert not answered, f"Mooncake listeners answered a host outside the cluster: {answered}"
+        assert not _connects("198.18.0.11", 50051, outside.netns), "the master answered a host outside the cluster"
+    finally:
+        nspawn._teardown_netns(outside)
+
+
+@dataclass
+class StoreLoad:
+    """Clients through the router, each repeating prompts of ~400 tokens that share a long prefix (store lookups,
+    loads and saves on both prefill instances), recording every answer."""
+
+    key: str
+    clients: int = 2
+    recs: list[tuple[float, float, int, bool, str, str]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    @staticmethod
+    def prompt(i: int) -> str:
+        return smoke.reuse_prompt("shared-prefix", words=220) + f" Question {i % 6}: what comes next?"
+
+    def _worker(self, k: int) -> None:
+        i = k
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            status, out = post(ROUTER + "/v1/completions", {"model": MODEL, "prompt": self.prompt(i),
+                               "max_tokens": 6, "temperature": 0}, self.key)  # fmt: skip
+            ok = status == 200 and isinstance(out, dict) and smoke.not_finished(out) is None
+            text = out["choices"][0]["text"] if ok else ""
+            self.recs.append((t0, time.monotonic(), i % 6, ok, text, "" if ok else f"HTTP {status}: {out}"[:120]))
+            if not ok:
+                time.sleep(0.2)
+            i += 1
+
+    def __enter__(self) -> StoreLoad:
+        for k in range(self.clients):
+            t = threading.Thread(target=self._worker, args=(k,), daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=REQUEST_TIMEOUT_S + 5)
+
+
+FAULTS = {
+    # the master process stops: connections are refused at once
+    "stop": ("systemctl stop pdinfra-kv-store.service", "systemctl start pdinfra-kv-store.service"),
+    # the master's host stops answering on its port: packets are dropped, connections and calls time out
+    "drop": ("nft add table inet pdtest && nft add chain inet pdtest in '{ type filter hook input priority -10; }' "
+             "&& nft add rule inet pdtest in tcp dport 50051 drop", "nft delete table inet pdtest"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_the_store_master_gone_for_20_s_under_load(tier, fault):
+    """Take the master away for 20 s under load (stopped, or its packets dropped), then bring it back: no wrong
+    answer, no request past the client's bound, requests keep being served while it is gone (prefills compute what
+    they cannot load: recompute), and afterwards a prompt from node1 is again loaded from the store on node2."""
+    key, n1 = api_key(), node(tier, "node1")
+    take, back = FAULTS[fault]
+    refs = {}
+    for i in range(6):  # greedy references through the router before the fault
+        status, out = post(ROUTER + "/v1/completions", {"model": MODEL, "prompt": StoreLoad.prompt(i),
+                           "max_tokens": 6, "temperature": 0}, key)  # fmt: skip
+        assert status == 200, out
+        refs[i] = out["choices"][0]["text"]
+    with StoreLoad(key) as load:
+        time.sleep(10)
+        t_stop = time.monotonic()
+        on(n1, take, log=f"r3-{fault}-master", check=True)
+        time.sleep(20)
+        t_start = time.monotonic()
+        on(n1, back, log=f"r3-{fault}-master-back", check=True)
+        time.sleep(15)
+    ep = tier["ep"]
+    t_reuse = wait_until(lambda: smoke.reuse_proof(ep, timeout=REQUEST_TIMEOUT_S)[0].ok, 180, step=5)
+    recs = load.recs
+    wrong = [r for r in recs if r[3] and r[4] != refs[r[2]]]
+    hung = [r for r in recs if r[1] - r[0] >= REQUEST_TIMEOUT_S - 1]
+    failed = [r for r in recs if not r[3]]
+    down = [r for r in recs if t_stop <= r[0] and r[1] <= t_start]
+
+    def phase(name: str, rs: list) -> str:
+        lat = sorted(1000 * (r[1] - r[0]) for r in rs if r[3])
+        if not lat:
+            return f"{name}: none answered"
+        return (f"{name}: {len(lat)} answered, p50 {statistics.median(lat):.0f} ms, max {lat[-1]:.0f} ms")
+
+    phases = "; ".join([phase("before", [r for r in recs if r[1] < t_stop]),
+                        phase("overlapping the outage", [r for r in recs if r[1] >= t_stop and r[0] <= t_start]),
+                        phase("after", [r for r in recs if r[0] > t_start])])  # fmt: skip
+    again = "never (180 s)" if t_reuse is None else f"{t_reuse - t_start:.0f} s after it came back"
+    summary = (f"master gone 20 s ({fault}) under load: {len(recs)} requests, {len(failed)} failed, "
+               f"{len(wrong)} wrong, {len(hung)} hung; {sum(1 for r in down if r[3])} answered within the outage; "
+               f"{phases}; store reuse again {again}")  # fmt: skip
+    print(summary)
+    (LOG_DIR / f"reuse-tier-master-{fault}.txt").write_text(summary + "\n" + "\n".join(map(str, failed[:20])) + "\n")
+    assert not wrong and not hung, (summary, wrong[:3], hung[:3])
+    assert sum(1 for r in down if r[3]) >= 3, (summary, failed[:5])
+    assert t_reuse is not None, summary
+    assert all(healthy(i.url) for i in tier["cluster"].instances)
