@@ -128,6 +128,7 @@ class KVStore:
     lease_ttl_ms: int
     roles: tuple[str, ...] = ("prefill",)  # under PD, the instance roles that join the store
     client_ports: str = "15000-16999"  # MC_MIN_RPC_PORT-MC_MAX_RPC_PORT of the store clients (in the instances)
+    load_failure_policy: str = "recompute"  # vLLM's kv_load_failure_policy on the tier's instances
 
 
 @dataclass(frozen=True)

@@ -340,7 +340,7 @@ def resolve(
     store_values = {n: cluster_value(PDINFRA[n]) for n in STORE_VARS}  # checked whether the tier is on or not
     m_store = _port_range(ck, "pdinfra_kv_store_port_range", str(store_values["pdinfra_kv_store_port_range"]),
                           "15000-16999")  # fmt: skip
-    kv_policy = cluster_value(PDINFRA["pdinfra_kv_load_failure_policy"]) or ("recompute" if store_on else "fail")
+    kv_policy = cluster_value(PDINFRA["pdinfra_kv_load_failure_policy"]) or "fail"
     service_user = str(cluster_value(PDINFRA["pdinfra_service_user"]) or "pdinfra")
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", service_user) or service_user == "root":
         ck.add("pdinfra_service_user", f"{service_user!r} must be an unprivileged system user name (lower case, "
@@ -557,7 +557,8 @@ def _monitoring(ck: _Checker, hosts: list[Host], routers: list[Router], cluster_
 
 STORE_VARS = ("pdinfra_kv_store_host", "pdinfra_kv_store_port", "pdinfra_kv_store_metrics_port",
               "pdinfra_kv_store_protocol", "pdinfra_kv_store_segment_mib", "pdinfra_kv_store_buffer_mib",
-              "pdinfra_kv_store_lease_ttl_ms", "pdinfra_kv_store_roles", "pdinfra_kv_store_port_range")  # fmt: skip
+              "pdinfra_kv_store_lease_ttl_ms", "pdinfra_kv_store_roles", "pdinfra_kv_store_port_range",
+              "pdinfra_kv_store_load_failure_policy")  # fmt: skip
 
 
 def _kv_store(ck: _Checker, hosts: list[Host], routers: list[Router], monitoring: Monitoring | None,
@@ -601,7 +602,8 @@ def _kv_store(ck: _Checker, hosts: list[Host], routers: list[Router], monitoring
                    buffer_mib=int(buffer),
                    lease_ttl_ms=int(values["pdinfra_kv_store_lease_ttl_ms"]),
                    roles=tuple(r for r in ("prefill", "decode") if r in roles),
-                   client_ports=str(values["pdinfra_kv_store_port_range"]))  # fmt: skip
+                   client_ports=str(values["pdinfra_kv_store_port_range"]),
+                   load_failure_policy=str(values["pdinfra_kv_store_load_failure_policy"] or "recompute"))  # fmt: skip
 
 
 def _firewalls(

@@ -136,10 +136,10 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "to root-only files. Empty: no key.", default="", secret=True),
     _f("pdinfra_api_key_file", "str", "A file on the controller whose first line is the API key (instead of "
        "`pdinfra_api_key`; it must not be readable by group or others).", default=""),
-    _f("pdinfra_kv_load_failure_policy", "str", "What an instance does when it cannot load a request's KV "
-       "(prefill died, link cut, KV store down or slow): `fail` returns an error for that request (vLLM's and llm-d's "
-       "default); `recompute` computes it on the instance instead.", choices=("fail", "recompute"),
-       default_text="`recompute` with `pdinfra_kv_store` (a store that is down must not fail requests), else `fail`"),
+    _f("pdinfra_kv_load_failure_policy", "str", "What a decode instance does when it cannot read a request's KV "
+       "(prefill died, link cut): `fail` returns an error for that request (vLLM's and llm-d's default); `recompute` "
+       "redoes the prefill on the decode instance. Instances in the KV reuse tier follow "
+       "`pdinfra_kv_store_load_failure_policy` instead.", default="fail", choices=("fail", "recompute")),
     _f("pdinfra_kv_store", "bool", "Deploy the KV reuse tier: a Mooncake store (`mooncake_master`) on "
        "`pdinfra_kv_store_host`; prefill (and aggregated) instances save their KV blocks to it and every instance "
        "loads prompt prefixes another instance computed (vLLM's MooncakeStoreConnector, under PD inside MultiConnector "
@@ -166,6 +166,11 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "prefill instances share prompt prefixes through it while decode instances get their KV from NIXL only, so a "
        "slow store never stalls a decode (vLLM asks every connector before scheduling a request); add `decode` to "
        "let decode instances load from it too. Aggregated instances always join.", default=["prefill"]),
+    _f("pdinfra_kv_store_load_failure_policy", "str", "What an instance in the tier does when it cannot load KV "
+       "(the store down or slow, a read that outlived its lease): `recompute` computes it (a store outage must not "
+       "fail requests); `fail` returns an error. vLLM has one policy per instance for all its connectors, so on the "
+       "tier's instances this replaces `pdinfra_kv_load_failure_policy`.", default="recompute",
+       choices=("fail", "recompute")),
     _f("pdinfra_kv_store_lease_ttl_ms", "int", "How long the master keeps an object from eviction after a lookup "
        "(`--default_kv_lease_ttl`; Mooncake's default 10000 let a read that took over 10 s fail with LEASE_EXPIRED "
        "on a loaded 2-core host).", default=30000, min=1000, max=3_600_000),

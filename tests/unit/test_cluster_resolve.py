@@ -259,18 +259,20 @@ def test_the_kv_store_tier_defaults_by_profile_and_opens_the_master_to_peers():
     c = resolved(hv).cluster
     assert c.kv_store == R.KVStore(host="node1", address="198.18.0.11", port=50051, metrics_port=9003,
                                    master="198.18.0.11:50051", protocol="tcp", segment_mib=256, buffer_mib=128,
-                                   lease_ttl_ms=30000)  # fmt: skip
-    assert c.kv_load_failure_policy == "recompute"  # the tier's default: a store outage must not fail requests
+                                   lease_ttl_ms=30000, roles=("prefill",), client_ports="15000-16999",
+                                   load_failure_policy="recompute")  # fmt: skip
+    assert c.kv_load_failure_policy == "fail"  # NIXL's stays; the tier's instances follow the tier's policy
+    assert c.kv_store.load_failure_policy == "recompute"  # a store outage must not fail requests
     fw = {h.name: h.firewall for h in c.hosts}
     assert "9003" in fw["node1"].peer_ports and "9003" not in fw["node2"].peer_ports
     # node1's prefill0 is in the tier (its store client listens in 15000-16999), node2's decode0 is not
     assert "15000-16999" in fw["node1"].peer_ports and "15000-16999" not in fw["node2"].peer_ports
     assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c
     for h in hv.values():
-        h["pdinfra_kv_load_failure_policy"] = "fail"  # an explicit choice wins
+        h["pdinfra_kv_store_load_failure_policy"] = "fail"
         h["pdinfra_kv_store_host"] = "node2"
     c = resolved(hv).cluster
-    assert c.kv_load_failure_policy == "fail" and c.kv_store.master == "198.18.0.12:50051"
+    assert c.kv_store.load_failure_policy == "fail" and c.kv_store.master == "198.18.0.12:50051"
 
 
 def test_extra_vars_given_as_strings_are_typed():

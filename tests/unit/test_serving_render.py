@@ -100,7 +100,8 @@ def test_the_reuse_tier_joins_nixl_and_the_mooncake_store_in_one_multiconnector(
     assert "MC_MIN_RPC_PORT=15000" in env and "MC_MAX_RPC_PORT=16999" in env
     # Decode instances keep NIXL alone (pdinfra_kv_store_roles: [prefill]): no store lookup can delay a decode.
     decode = (rendered_store / "hgx-h100-02-decode1.service").read_text()
-    assert json.loads(decode.split("--kv-transfer-config '")[1].split("'")[0])["kv_connector"] == "NixlConnector"
+    decode_kv = json.loads(decode.split("--kv-transfer-config '")[1].split("'")[0])
+    assert (decode_kv["kv_connector"], decode_kv["kv_load_failure_policy"]) == ("NixlConnector", "fail")
     assert "ooncake" not in (rendered_store / "hgx-h100-02-decode1.env").read_text()
     assert not (rendered_store / "hgx-h100-02-decode1.kv-store.json").exists()
     store = json.loads((rendered_store / "hgx-h100-01-prefill1.kv-store.json").read_text())
