@@ -509,27 +509,41 @@ def _port_range(ck: _Checker, var: str, text: str, example: str) -> tuple[int, i
     return int(m[1]), int(m[2])
 
 
+def _service_host(ck: _Checker, pd: list[Host], routers: list[Router], name: Any, var: str) -> Host | None:
+    """The PD host a cluster service (Prometheus, the KV store master) runs on: ``name``, default the router's
+    host; None (reported under ``var``) when it is not a PD host with a serving address."""
+    if not pd:
+        return None
+    name = name or (routers[0].host if routers else pd[0].name)
+    host = next((h for h in pd if h.name == name), None)
+    if host is None:
+        ck.add(var, f"{name!r} is not a host of pd_cluster with a serving address; PD hosts: "
+               f"{', '.join(h.name for h in pd)}{_suggest(str(name), [h.name for h in pd])}")  # fmt: skip
+    return host
+
+
+def _serving_ports(h: Host) -> dict[int, str]:
+    """port -> what uses it, of a host's instances (every TP rank's side channel) and router."""
+    used = {i.port: f"instance {i.name}" for i in h.instances}
+    used.update({i.side_channel_port + r: f"{i.name}'s side channel" for i in h.instances for r in range(i.tp)})
+    if h.router is not None:
+        used.update({h.router.port: "the router", h.router.metrics_port: "the router's metrics"})
+    return used
+
+
 def _monitoring(ck: _Checker, hosts: list[Host], routers: list[Router], cluster_value: Any) -> Monitoring | None:
     """Where Prometheus runs and what it scrapes: every instance, the router, every PD host's node exporter and,
     when enabled, dcgm-exporter on the GPU hosts. Ports must not collide with the host's serving ports."""
     pd = [h for h in hosts if h.in_cluster and h.address]
-    if not pd:
-        return None
-    name = cluster_value(PDINFRA["pdinfra_monitoring_host"]) or (routers[0].host if routers else pd[0].name)
-    host = next((h for h in pd if h.name == name), None)
+    host = _service_host(ck, pd, routers, cluster_value(PDINFRA["pdinfra_monitoring_host"]), "pdinfra_monitoring_host")
     if host is None:
-        ck.add("pdinfra_monitoring_host", f"{name!r} is not a host of pd_cluster with a serving address; PD hosts: "
-               f"{', '.join(h.name for h in pd)}{_suggest(str(name), [h.name for h in pd])}")  # fmt: skip
         return None
     prom = int(cluster_value(PDINFRA["pdinfra_prometheus_port"]))
     node_port = int(cluster_value(PDINFRA["pdinfra_node_exporter_port"]))
     dcgm = bool(cluster_value(PDINFRA["pdinfra_dcgm_exporter"]))
     dcgm_port = int(cluster_value(PDINFRA["pdinfra_dcgm_exporter_port"]))
     for h in pd:
-        used = {i.port: f"instance {i.name}" for i in h.instances}
-        used.update({i.side_channel_port: f"{i.name}'s side channel" for i in h.instances})
-        if h.router is not None:
-            used.update({h.router.port: "the router", h.router.metrics_port: "the router's metrics"})
+        used = _serving_ports(h)
         mine = [(node_port, "pdinfra_node_exporter_port")]
         if h.name == host.name:
             mine.append((prom, "pdinfra_prometheus_port"))
@@ -566,20 +580,12 @@ def _kv_store(ck: _Checker, hosts: list[Host], routers: list[Router], monitoring
     """Where the Mooncake master runs, its ports (apart from every other service of its host) and the store's sizes,
     with the profile's defaults."""
     pd = [h for h in hosts if h.in_cluster and h.address]
-    if not pd:
-        return None
-    name = values["pdinfra_kv_store_host"] or (routers[0].host if routers else pd[0].name)
-    host = next((h for h in pd if h.name == name), None)
+    host = _service_host(ck, pd, routers, values["pdinfra_kv_store_host"], "pdinfra_kv_store_host")
     if host is None:
-        ck.add("pdinfra_kv_store_host", f"{name!r} is not a host of pd_cluster with a serving address; PD hosts: "
-               f"{', '.join(h.name for h in pd)}{_suggest(str(name), [h.name for h in pd])}")  # fmt: skip
         return None
     port = int(values["pdinfra_kv_store_port"])
     metrics = int(values["pdinfra_kv_store_metrics_port"])
-    used = {i.port: f"instance {i.name}" for i in host.instances}
-    used.update({i.side_channel_port + r: f"{i.name}'s side channel" for i in host.instances for r in range(i.tp)})
-    if host.router is not None:
-        used.update({host.router.port: "the router", host.router.metrics_port: "the router's metrics"})
+    used = _serving_ports(host)
     if monitoring is not None:
         used[monitoring.node_exporter_port] = "the node exporter"
         if monitoring.host == host.name:

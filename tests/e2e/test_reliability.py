@@ -133,6 +133,7 @@ class Load:
     key: str
     refs: list[str]
     clients: int = 3
+    prompts: list[str] = field(default_factory=lambda: PROMPTS)  # refs[i] is the answer to prompts[i]
     recs: list[Rec] = field(default_factory=list)
     after_release: float | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -141,10 +142,10 @@ class Load:
     def _worker(self, k: int) -> None:
         i = k
         while not self._stop.is_set():
-            p = i % len(PROMPTS)
+            p = i % len(self.prompts)
             t0 = time.monotonic()
             try:
-                status, out = complete(ROUTER, PROMPTS[p], self.key)
+                status, out = complete(ROUTER, self.prompts[p], self.key)
                 answered = status == 200 and isinstance(out, dict)
                 # a 200 whose finish_reason is "abort" (vLLM's engine stopping on SIGTERM) is a failure, not an answer
                 unfinished = smoke.not_finished(out) if answered else None

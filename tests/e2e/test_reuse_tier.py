@@ -18,13 +18,11 @@ import os
 import re
 import statistics
 import subprocess
-import threading
 import time
-from dataclasses import dataclass, field
 
 import pytest
 from e2e_helpers import BIN, E2E_MARKS, LOG_DIR, REPO, on, run
-from test_reliability import REQUEST_TIMEOUT_S, api_key, healthy, post, wait_until
+from test_reliability import REQUEST_TIMEOUT_S, Load, api_key, complete, healthy, wait_until
 
 from pdinfra.cluster.inventory import load_cluster
 from pdinfra.serving import smoke
@@ -34,7 +32,6 @@ pytestmark = E2E_MARKS
 REUSE_INV = REPO / "inventory" / "local-reuse" / "hosts.yml"
 ROUTER = "http://198.18.0.11:8000"
 MASTER_METRICS = "http://198.18.0.11:9003/metrics"
-MODEL = "pdinfra-tiny-llama"
 TEST_NET = ipaddress.ip_network("198.18.0.0/15")
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
@@ -171,45 +168,9 @@ def test_mooncake_traffic_stays_on_the_test_hosts_addresses(tier):
         nspawn._teardown_netns(outside)
 
 
-@dataclass
-class StoreLoad:
-    """Clients through the router, each repeating prompts of ~400 tokens that share a long prefix (store lookups,
-    loads and saves on both prefill instances), recording every answer."""
-
-    key: str
-    clients: int = 2
-    recs: list[tuple[float, float, int, bool, str, str]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
-
-    @staticmethod
-    def prompt(i: int) -> str:
-        return smoke.reuse_prompt("shared-prefix", words=220) + f" Question {i % 6}: what comes next?"
-
-    def _worker(self, k: int) -> None:
-        i = k
-        while not self._stop.is_set():
-            t0 = time.monotonic()
-            status, out = post(ROUTER + "/v1/completions", {"model": MODEL, "prompt": self.prompt(i),
-                               "max_tokens": 6, "temperature": 0}, self.key)  # fmt: skip
-            ok = status == 200 and isinstance(out, dict) and smoke.not_finished(out) is None
-            text = out["choices"][0]["text"] if ok else ""
-            self.recs.append((t0, time.monotonic(), i % 6, ok, text, "" if ok else f"HTTP {status}: {out}"[:120]))
-            if not ok:
-                time.sleep(0.2)
-            i += 1
-
-    def __enter__(self) -> StoreLoad:
-        for k in range(self.clients):
-            t = threading.Thread(target=self._worker, args=(k,), daemon=True)
-            t.start()
-            self._threads.append(t)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=REQUEST_TIMEOUT_S + 5)
+def store_prompt(i: int) -> str:
+    """~400-token prompts sharing a long prefix: store lookups, loads and saves on both prefill instances."""
+    return smoke.reuse_prompt("shared-prefix", words=220) + f" Question {i % 6}: what comes next?"
 
 
 FAULTS = {
@@ -228,13 +189,13 @@ def test_the_store_master_gone_for_20_s_under_load(tier, fault):
     they cannot load: recompute), and afterwards a prompt from node1 is again loaded from the store on node2."""
     key, n1 = api_key(), node(tier, "node1")
     take, back = FAULTS[fault]
-    refs = {}
-    for i in range(6):  # greedy references through the router before the fault
-        status, out = post(ROUTER + "/v1/completions", {"model": MODEL, "prompt": StoreLoad.prompt(i),
-                           "max_tokens": 6, "temperature": 0}, key)  # fmt: skip
+    prompts = [store_prompt(i) for i in range(6)]
+    refs = []
+    for p in prompts:  # greedy references through the router before the fault
+        status, out = complete(ROUTER, p, key)
         assert status == 200, out
-        refs[i] = out["choices"][0]["text"]
-    with StoreLoad(key) as load:
+        refs.append(out["choices"][0]["text"])
+    with Load(key, refs, clients=2, prompts=prompts) as load:
         time.sleep(6)
         t_stop = time.monotonic()
         on(n1, take, log=f"r3-{fault}-master", check=True)
@@ -245,27 +206,27 @@ def test_the_store_master_gone_for_20_s_under_load(tier, fault):
     ep = tier["ep"]
     t_reuse = wait_until(lambda: smoke.reuse_proof(ep, timeout=REQUEST_TIMEOUT_S)[0].ok, 180, step=5)
     recs = load.recs
-    wrong = [r for r in recs if r[3] and r[4] != refs[r[2]]]
-    hung = [r for r in recs if r[1] - r[0] >= REQUEST_TIMEOUT_S - 1]
-    failed = [r for r in recs if not r[3]]
-    down = [r for r in recs if t_stop <= r[0] and r[1] <= t_start]
+    wrong = [r for r in recs if r.ok and r.text != refs[r.prompt]]
+    hung = [r for r in recs if r.t1 - r.t0 >= REQUEST_TIMEOUT_S - 1]
+    failed = [r for r in recs if not r.ok]
+    down = [r for r in recs if t_stop <= r.t0 and r.t1 <= t_start]
 
     def phase(name: str, rs: list) -> str:
-        lat = sorted(1000 * (r[1] - r[0]) for r in rs if r[3])
+        lat = sorted(1000 * (r.t1 - r.t0) for r in rs if r.ok)
         if not lat:
             return f"{name}: none answered"
         return (f"{name}: {len(lat)} answered, p50 {statistics.median(lat):.0f} ms, max {lat[-1]:.0f} ms")
 
-    phases = "; ".join([phase("before", [r for r in recs if r[1] < t_stop]),
-                        phase("overlapping the outage", [r for r in recs if r[1] >= t_stop and r[0] <= t_start]),
-                        phase("after", [r for r in recs if r[0] > t_start])])  # fmt: skip
+    phases = "; ".join([phase("before", [r for r in recs if r.t1 < t_stop]),
+                        phase("overlapping the outage", [r for r in recs if r.t1 >= t_stop and r.t0 <= t_start]),
+                        phase("after", [r for r in recs if r.t0 > t_start])])  # fmt: skip
     again = "never (180 s)" if t_reuse is None else f"{t_reuse - t_start:.0f} s after it came back"
     summary = (f"master gone 20 s ({fault}) under load: {len(recs)} requests, {len(failed)} failed, "
-               f"{len(wrong)} wrong, {len(hung)} hung; {sum(1 for r in down if r[3])} answered within the outage; "
+               f"{len(wrong)} wrong, {len(hung)} hung; {sum(1 for r in down if r.ok)} answered within the outage; "
                f"{phases}; store reuse again {again}")  # fmt: skip
     print(summary)
     (LOG_DIR / f"reuse-tier-master-{fault}.txt").write_text(summary + "\n" + "\n".join(map(str, failed[:20])) + "\n")
     assert not wrong and not hung, (summary, wrong[:3], hung[:3])
-    assert sum(1 for r in down if r[3]) >= 3, (summary, failed[:5])
+    assert sum(1 for r in down if r.ok) >= 3, (summary, failed[:5])
     assert t_reuse is not None, summary
     assert all(healthy(i.url) for i in tier["cluster"].instances)
