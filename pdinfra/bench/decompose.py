@@ -204,7 +204,7 @@ def run(t: Targets, requests: int = 20, words: int = 200, max_tokens: int = 16, 
                 paired = (chosen(rid, t.prefill, "prefill") or t.prefill[k % len(t.prefill)],
                           chosen(rid, t.decode) or t.decode[k % len(t.decode)])  # fmt: skip
             else:  # the instances the router chose for the request before: pairs of the same path
-                out = smoke.two_stage(*paired, body, t.api_key, timeout)
+                out = smoke.two_stage(*paired, body, t.api_key, timeout, bootstrap=t.bootstrap.get(paired[0], ""))
                 if out is None:
                     raise DecomposeError(f"{paired[0]} returned no kv_transfer_params: is it a NIXL kv_producer?")
             client = time.monotonic() - t0

@@ -79,6 +79,9 @@ class Router:
     layout: str
     prefill: tuple[str, ...]
     decode: tuple[str, ...]
+    connector: str = "nixl"  # the KV connector the router speaks (pdinfra_connector)
+    # pdinfra_connector mooncake: each prefill's bootstrap server port (its side_channel_port), in prefill's order
+    prefill_bootstrap_ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,9 @@ class Cluster:
     firewall: bool = True
     monitoring: Monitoring | None = None
     kv_store: KVStore | None = None
+    # Where every Mooncake transfer engine of the instances listens (MC_MIN_RPC_PORT-MC_MAX_RPC_PORT): the store
+    # clients' and, under pdinfra_connector mooncake, the PD connector's (pdinfra_kv_store_port_range)
+    mooncake_ports: str = "15000-16999"
     secrets: Secrets = field(default_factory=Secrets, compare=False, repr=False)
 
     # ------------------------------------------------------------------ lookups
@@ -193,6 +199,13 @@ class Cluster:
 
     def by_role(self, role: str) -> list[Instance]:
         return [i for i in self.instances if i.role == role]
+
+    def bootstrap(self) -> dict[str, str]:
+        """Under pdinfra_connector mooncake: prefill URL -> its Mooncake bootstrap server (vLLM's
+        VLLM_MOONCAKE_BOOTSTRAP_PORT, the instance's side_channel_port); empty for the other connectors."""
+        if self.connector != "mooncake" or self.layout != "pd":
+            return {}
+        return {i.url: f"http://{i.side_channel_host}:{i.side_channel_port}" for i in self.by_role("prefill")}
 
     @property
     def router(self) -> Router:
@@ -229,7 +242,8 @@ class Cluster:
         def router(r: dict[str, Any] | None) -> Router | None:
             if not r:
                 return None
-            return Router(**{**r, "prefill": tuple(r["prefill"]), "decode": tuple(r["decode"])})
+            return Router(**{**r, "prefill": tuple(r["prefill"]), "decode": tuple(r["decode"]),
+                              "prefill_bootstrap_ports": tuple(r.get("prefill_bootstrap_ports", ()))})
 
         hosts = []
         for h in data["hosts"]:
@@ -260,6 +274,7 @@ class Cluster:
             service_user=data.get("service_user", "pdinfra"),
             api_key_required=bool(data.get("api_key_required", False)),
             kv_port_range=data.get("kv_port_range", "20000-20999"),
+            mooncake_ports=data.get("mooncake_ports", "15000-16999"),
             firewall=bool(data.get("firewall", True)),
             monitoring=_monitoring(data.get("monitoring")),
             kv_store=KVStore(**{**data["kv_store"], "roles": tuple(data["kv_store"].get("roles", ("prefill",)))})

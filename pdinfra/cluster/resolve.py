@@ -192,7 +192,8 @@ def _check_names(ck: _Checker, hostvars: dict[str, dict[str, Any]]) -> None:
                     h,
                 )
             elif name in schema.DERIVED_ROLE_VARS:
-                ck.add(name, "is derived from the cluster model (pdinfra_instances); set that instead", h)
+                ck.add(name, f"is derived from the cluster model ({schema.DERIVED_ROLE_VARS[name]}); set that instead",
+                       h)
 
 
 def _check_role_vars(ck: _Checker, hostvars: dict[str, dict[str, Any]]) -> None:
@@ -337,6 +338,10 @@ def resolve(
     api_key = _api_key(ck, cluster_value(PDINFRA["pdinfra_api_key"]) or "",
                        cluster_value(PDINFRA["pdinfra_api_key_file"]) or "")  # fmt: skip
     store_on = bool(cluster_value(PDINFRA["pdinfra_kv_store"]))
+    mooncake_pd = connector == "mooncake" and layout == "pd"
+    if store_on and mooncake_pd:
+        ck.add("pdinfra_kv_store", "the KV reuse tier runs with pdinfra_connector nixl only: MultiConnector"
+               "[MooncakeConnector, MooncakeStoreConnector] has not run here (docs/connectors.md)")  # fmt: skip
     store_values = {n: cluster_value(PDINFRA[n]) for n in STORE_VARS}  # checked whether the tier is on or not
     m_store = _port_range(ck, "pdinfra_kv_store_port_range", str(store_values["pdinfra_kv_store_port_range"]),
                           "15000-16999")  # fmt: skip
@@ -354,7 +359,7 @@ def resolve(
     m_range = _port_range(ck, "pdinfra_kv_port_range", port_range, "20000-20999")
     m_eph = _port_range(ck, "pdinfra_firewall_ephemeral_ports", ephemeral, "32768-60999")
     for rng, var in ((m_range, "pdinfra_kv_port_range"), (m_eph, "pdinfra_firewall_ephemeral_ports")):
-        if store_on and m_store and rng and not (m_store[1] < rng[0] or rng[1] < m_store[0]):
+        if (store_on or mooncake_pd) and m_store and rng and not (m_store[1] < rng[0] or rng[1] < m_store[0]):
             ck.add("pdinfra_kv_store_port_range", f"{store_values['pdinfra_kv_store_port_range']} overlaps {var} "
                    f"{port_range if var == 'pdinfra_kv_port_range' else ephemeral}; choose a range apart from it")
     if m_range and m_eph and not (m_range[1] < m_eph[0] or m_eph[1] < m_range[0]):
@@ -427,6 +432,9 @@ def resolve(
                 layout=layout,
                 prefill=tuple(i.url for i in all_instances if i.role == "prefill"),
                 decode=tuple(i.url for i in all_instances if i.role == "decode"),
+                connector=connector,
+                prefill_bootstrap_ports=tuple(i.side_channel_port for i in all_instances if i.role == "prefill")
+                if mooncake_pd else (),
             )  # fmt: skip
         )
     hosts = [
@@ -443,7 +451,8 @@ def resolve(
             dataclasses.replace(i, kv_store=layout != "pd" or i.role in kv_store.roles) for i in h.instances))
             for h in hosts]  # fmt: skip
     if m_range and m_eph and firewall:
-        hosts = _firewalls(ck, hosts, [m_range, m_eph], client_networks, admin_networks, monitoring, kv_store)
+        hosts = _firewalls(ck, hosts, [m_range, m_eph], client_networks, admin_networks, monitoring, kv_store,
+                           m_store if mooncake_pd else None)
 
     if ck.problems or (model is None and serving):
         return Resolution(None, ck.problems)
@@ -452,7 +461,8 @@ def resolve(
         max_model_len=int(max_model_len), kv_lease_duration=int(lease), venv=str(venv), model=model, slo=slo,
         hosts=tuple(hosts), routers=tuple(router_objs), kv_load_failure_policy=str(kv_policy),
         service_user=service_user, api_key_required=bool(api_key), kv_port_range=port_range, firewall=firewall,
-        monitoring=monitoring, kv_store=kv_store, secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
+        monitoring=monitoring, kv_store=kv_store, mooncake_ports=str(store_values["pdinfra_kv_store_port_range"]),
+        secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
     )  # fmt: skip
     return Resolution(cluster, [])
 
@@ -615,9 +625,13 @@ def _kv_store(ck: _Checker, hosts: list[Host], routers: list[Router], monitoring
 def _firewalls(
     ck: _Checker, hosts: list[Host], ranges: list[tuple[int, int]], client_networks: tuple[str, ...],
     admin_networks: tuple[str, ...], monitoring: Monitoring | None = None, kv_store: KVStore | None = None,
+    mooncake: tuple[int, int] | None = None,
 ) -> list[Host]:  # fmt: skip
     """Each PD host's firewall: the PD ports (service ports, UCX's range, the ephemeral range) from the cluster's
-    own addresses and the admin networks, the router port from clients."""
+    own addresses and the admin networks, the router port from clients. ``mooncake``: the Mooncake PD connector's
+    transfer-engine range, opened on every host with instances. (Its prefill's ZeroMQ side channel needs nothing
+    more: vLLM binds it with pyzmq's ``bind_to_random_port`` without a range, so the kernel picks a port of
+    ip_local_port_range, which the ephemeral range already opens to peers.)"""
     peers = tuple(dict.fromkeys(h.address for h in hosts if h.in_cluster and h.address))
     kv = ranges[0]
     out = []
@@ -644,6 +658,8 @@ def _firewalls(
         if kv_store is not None and any(i.kv_store for i in h.instances):  # store clients (bound to every address)
             lo, _, hi = kv_store.client_ports.partition("-")
             spans.append((int(lo), int(hi)))
+        if mooncake is not None and h.instances:
+            spans.append(mooncake)
         for lo, hi in spans:
             if kv[0] <= hi and lo <= kv[1]:
                 ck.add("pdinfra_kv_port_range", f"{kv[0]}-{kv[1]} contains port {lo} of this host's services; "

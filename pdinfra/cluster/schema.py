@@ -118,8 +118,11 @@ PDINFRA_VARS: tuple[Var, ...] = (
        default={}, scope="host"),
     _f("pdinfra_gpu", "bool", "Run the GPU host roles (nvidia_driver) on this host.", scope="host",
        default_text="`true` on the gpu profile"),
-    _f("pdinfra_connector", "str", "KV connector: `nixl` (vLLM NixlConnector); `lmcache` is recognised but refused.",
-       default="nixl", choices=("nixl", "lmcache")),
+    _f("pdinfra_connector", "str", "KV connector between prefill and decode (docs/connectors.md): `nixl` (vLLM's "
+       "NixlConnector: the decode reads the prefill's blocks); `mooncake` (vLLM's MooncakeConnector: the prefill "
+       "writes into the decode's blocks over Mooncake's transfer engine; on cpu with pdinfra's shim "
+       "pdinfra.serving.mooncake_cpu); `lmcache` (LMCacheConnectorV1 over NIXL with pdinfra's LMCache PD proxy; gpu "
+       "only, not run end to end here).", default="nixl", choices=("nixl", "mooncake", "lmcache")),
     _f("pdinfra_layout", "str", "`pd`: prefill and decode joined by the KV connector; `agg`: the same instances "
        "as aggregated servers.", default="pd", choices=("pd", "agg")),
     _f("pdinfra_block_size", "int", "KV block size (tokens per block; a power of two, a multiple of 32 on cpu).",
@@ -158,10 +161,11 @@ PDINFRA_VARS: tuple[Var, ...] = (
        default_text="`256` on cpu, `16384` on gpu"),
     _f("pdinfra_kv_store_buffer_mib", "int", "Each instance's staging buffer for store transfers (Mooncake's "
        "`local_buffer_size`, MiB).", min=16, max=1_048_576, default_text="`128` on cpu, `4096` on gpu"),
-    _f("pdinfra_kv_store_port_range", "str", "Ports the instances' store clients listen on (Mooncake's handshake "
-       "and TCP transport: `MC_MIN_RPC_PORT`-`MC_MAX_RPC_PORT`), opened to cluster peers only. Mooncake binds these "
-       "listeners to every address whatever it is told (docs/connectors.md); the firewall keeps them to the "
-       "cluster.", default="15000-16999"),
+    _f("pdinfra_kv_store_port_range", "str", "Ports every Mooncake transfer engine in the instances listens on "
+       "(the store clients', and the Mooncake PD connector's under `pdinfra_connector: mooncake`; Mooncake's "
+       "handshake and TCP transport: `MC_MIN_RPC_PORT`-`MC_MAX_RPC_PORT`), opened to cluster peers only. Mooncake "
+       "binds these listeners to every address whatever it is told (docs/connectors.md); the firewall keeps them "
+       "to the cluster.", default="15000-16999"),
     _f("pdinfra_kv_store_roles", "list", "Under PD, the instance roles that join the store. `prefill` (the default): "
        "prefill instances share prompt prefixes through it while decode instances get their KV from NIXL only, so a "
        "slow store never stalls a decode (vLLM asks every connector before scheduling a request); add `decode` to "
@@ -269,8 +273,11 @@ ROLE_PATTERNS: dict[str, tuple[str, str]] = {
 }
 # Role variables that are derived from the cluster model (the roles read pdinfra_node / pdinfra_cluster);
 # setting them in the inventory would bypass the model, so resolve refuses them.
-DERIVED_ROLE_VARS = ("vllm_instance_list", "pd_firewall_rules", "vllm_instance_runtime_id",
-                     "vllm_instance_kv_store_config", "pd_kv_store_config")
+DERIVED_ROLE_VARS: dict[str, str] = {
+    "vllm_instance_list": "pdinfra_instances", "pd_firewall_rules": "pdinfra_instances",
+    "vllm_instance_runtime_id": "the serving packages", "vllm_instance_kv_store_config": "pdinfra_kv_store",
+    "pd_kv_store_config": "pdinfra_kv_store", "pd_router_kv_connector": "pdinfra_connector",
+}
 
 
 @dataclass(frozen=True)

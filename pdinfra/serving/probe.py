@@ -62,15 +62,24 @@ def _prompt() -> str:
     return f"pdinfra deep-health probe {uuid.uuid4().hex}: {_FILLER}"
 
 
-def _transfers(url: str, timeout: float) -> tuple[float, float]:
+def _transfers(url: str, timeout: float, connector: str = "nixl") -> tuple[float, float]:
+    """(transfers, failed transfers) of a decode instance; under the Mooncake connector, which exports no transfer
+    metric, (prompt tokens taken from the KV transfer, 0)."""
     vals = smoke.parse_metrics(smoke.get_text(url.rstrip("/") + "/metrics", timeout=timeout))
+    if connector == "mooncake":
+        return smoke.external_tokens(vals), 0.0
     return smoke.metric(vals, *smoke.XFER_COUNT), smoke.metric(vals, *smoke.XFER_FAILED)
 
 
-def _delta(before: dict[str, tuple[float, float]], urls: list[str], timeout: float) -> tuple[float, float]:
+def _what(connector: str) -> str:
+    return "prompt tokens moved by Mooncake" if connector == "mooncake" else "NIXL transfers"
+
+
+def _delta(before: dict[str, tuple[float, float]], urls: list[str], timeout: float,
+           connector: str = "nixl") -> tuple[float, float]:  # fmt: skip
     count = failed = 0.0
     for u in urls:
-        c, f = _transfers(u, timeout)
+        c, f = _transfers(u, timeout, connector)
         count += c - before[u][0]
         failed += f - before[u][1]
     return count, failed
@@ -81,15 +90,15 @@ def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
     body = {"model": cluster.model.name, "prompt": _prompt(), "max_tokens": 1, "temperature": 0}
     t0 = time.monotonic()
     try:
-        before = {u: _transfers(u, timeout) for u in decodes}
+        before = {u: _transfers(u, timeout, cluster.connector) for u in decodes}
         out = smoke.post_json(cluster.router.url + "/v1/completions", body, api_key, timeout)
         tokens = out.get("usage", {}).get("completion_tokens", 0)
-        count, failed = _delta(before, decodes, timeout) if cluster.layout == "pd" else (1.0, 0.0)
+        count, failed = _delta(before, decodes, timeout, cluster.connector) if cluster.layout == "pd" else (1.0, 0.0)
     except (OSError, ValueError, KeyError) as exc:  # URLError, HTTPError, resets and timeouts are OSErrors
         return PathResult("router", False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
     unfinished = smoke.not_finished(out)
     ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
-    why = f"{tokens} token(s); decode NIXL transfers +{count:.0f}, failed +{failed:.0f}"
+    why = f"{tokens} token(s); decode {_what(cluster.connector)} +{count:.0f}, failed +{failed:.0f}"
     if unfinished:
         why += f"; finish_reason {unfinished}"
     if cluster.layout == "pd" and count < 1:
@@ -103,20 +112,21 @@ def probe_pair(cluster: Cluster, prefill_url: str, decode_url: str, name: str, a
     prompt = _prompt()
     t0 = time.monotonic()
     try:
-        before = {decode_url: _transfers(decode_url, timeout)}
+        before = {decode_url: _transfers(decode_url, timeout, cluster.connector)}
         body = {"model": cluster.model.name, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-        out = smoke.two_stage(prefill_url, decode_url, body, api_key, timeout)
+        out = smoke.two_stage(prefill_url, decode_url, body, api_key, timeout,
+                              bootstrap=cluster.bootstrap().get(prefill_url, ""))  # fmt: skip
         if out is None:
             return PathResult(name, False, round(time.monotonic() - t0, 3),
                               "the prefill instance returned no kv_transfer_params (is it a kv_producer?)")  # fmt: skip
         tokens = out.get("usage", {}).get("completion_tokens", 0)
-        count, failed = _delta(before, [decode_url], timeout)
+        count, failed = _delta(before, [decode_url], timeout, cluster.connector)
     except (OSError, ValueError, KeyError) as exc:
         return PathResult(name, False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
     unfinished = smoke.not_finished(out)
     ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
     return PathResult(name, ok, round(time.monotonic() - t0, 3),
-                      f"{tokens} token(s); NIXL transfers +{count:.0f}, failed +{failed:.0f}"
+                      f"{tokens} token(s); {_what(cluster.connector)} +{count:.0f}, failed +{failed:.0f}"
                       + (f"; finish_reason {unfinished}" if unfinished else ""))  # fmt: skip
 
 

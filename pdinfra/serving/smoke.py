@@ -4,7 +4,9 @@ Three proofs, each recorded with its evidence:
 1. the router answers a completion and a streaming completion;
 2. the decode instances' NIXL metrics (``vllm:nixl_xfer_time_seconds`` count and
    ``vllm:nixl_bytes_transferred``) grew during those requests, with bytes > 0 and no failed
-   transfer, and their prompt tokens came from ``external_kv_transfer``, not local compute;
+   transfer, and their prompt tokens came from ``external_kv_transfer``, not local compute; with the Mooncake PD
+   connector (which exports no transfer metric) the decode instances' ``external_kv_transfer`` prompt tokens must
+   cover the prompts;
 3. greedy output through P->D equals the decode instance's own greedy output for the same prompt;
 4. with the KV reuse tier, a prompt one instance computed is served by an instance on another host with at least
    80% of its prompt tokens from the Mooncake store (``vllm:external_prefix_cache_hits``) and the same text.
@@ -17,6 +19,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -38,6 +41,9 @@ class Endpoints:
     # from it, and the master's metrics URL.
     store_pair: tuple[str, str] | None = None
     store_metrics: str = ""
+    # The KV connector (pdinfra_connector); under mooncake, prefill URL -> its bootstrap server URL.
+    connector: str = "nixl"
+    bootstrap: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,14 +106,43 @@ REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_e
                  "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
 
 
-def two_stage(prefill_url: str, decode_url: str, body: dict, api_key: str = "", timeout: float = 300) -> dict | None:
+def two_stage(prefill_url: str, decode_url: str, body: dict, api_key: str = "", timeout: float = 300,
+              bootstrap: str = "") -> dict | None:  # fmt: skip
     """The router's two stages done by the caller (vllm-router's vllm_pd_router.rs): ``body`` to the prefill with
     max_tokens 1 and ``do_remote_decode``, then ``body`` to the decode with the prefill's kv_transfer_params; the
-    decode's answer, or None when the prefill returned no parameters (not a NIXL kv_producer)."""
+    decode's answer, or None when the prefill returned no parameters (not a NIXL kv_producer). With ``bootstrap``
+    (the prefill's Mooncake bootstrap server URL) the Mooncake connector's protocol instead."""
+    if bootstrap:
+        return two_stage_mooncake(prefill_url, decode_url, bootstrap, body, api_key, timeout)
     first = body | {"max_tokens": 1, "stream": False, "kv_transfer_params": dict(REMOTE_DECODE)}
     params = post_json(prefill_url + "/v1/completions", first, api_key, timeout).get("kv_transfer_params")
     if not params:
         return None
+    return post_json(decode_url + "/v1/completions", body | {"kv_transfer_params": params}, api_key, timeout)
+
+
+def engine_id(bootstrap: str, timeout: float = 10) -> str:
+    """The prefill's engine id from its Mooncake bootstrap server (``GET /query``: {dp_rank: {engine_id, ...}})."""
+    entries = json.loads(get_text(bootstrap.rstrip("/") + "/query", timeout))
+    if not entries:
+        raise ValueError(f"{bootstrap}/query lists no engine: the prefill's workers have not registered")
+    first = entries.get("0") or next(iter(entries.values()))
+    return str(first["engine_id"])
+
+
+def two_stage_mooncake(prefill_url: str, decode_url: str, bootstrap: str, body: dict, api_key: str = "",
+                       timeout: float = 300) -> dict | None:  # fmt: skip
+    """vLLM's MooncakeConnector protocol, as vllm-router --kv-connector mooncake speaks it: the caller makes a
+    ``transfer_id``; the prefill gets ``do_remote_decode`` with it (and answers no parameters), the decode gets
+    ``do_remote_prefill`` with the prefill's engine id and bootstrap address, and the prefill pushes the blocks into
+    the decode's (../shared/reference/kv-connectors-cpu.md)."""
+    transfer_id = f"pdinfra-{uuid.uuid4().hex}"
+    remote = engine_id(bootstrap, min(timeout, 10))
+    first = body | {"max_tokens": 1, "stream": False, "kv_transfer_params": {
+        "do_remote_decode": True, "do_remote_prefill": False, "transfer_id": transfer_id}}  # fmt: skip
+    post_json(prefill_url + "/v1/completions", first, api_key, timeout)
+    params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": remote,
+              "remote_bootstrap_addr": bootstrap.rstrip("/"), "transfer_id": transfer_id}  # fmt: skip
     return post_json(decode_url + "/v1/completions", body | {"kv_transfer_params": params}, api_key, timeout)
 
 
@@ -170,15 +205,38 @@ def scrape(urls: list[str]) -> dict[str, float]:
     return total
 
 
-def kv_proof(before: dict[str, float], after: dict[str, float]) -> Proof:
-    """The decode instances' NIXL counters grew, with bytes and without failures."""
+CONNECTOR_NAMES = {"nixl": "NIXL", "mooncake": "Mooncake"}
+
+
+def kv_proof_name(connector: str = "nixl") -> str:
+    return f"KV cache moved prefill -> decode over {CONNECTOR_NAMES.get(connector, connector)}"
+
+
+def external_tokens(values: dict[str, float]) -> float:
+    """Prompt tokens the instances took from a KV transfer (vLLM's ``prompt_tokens_by_source``)."""
+    return labelled(values, PROMPT_BY_SOURCE, 'source="external_kv_transfer"')
+
+
+def kv_proof(before: dict[str, float], after: dict[str, float], connector: str = "nixl",
+             prompt_tokens: int = 0) -> Proof:  # fmt: skip
+    """NIXL: the decode instances' NIXL counters grew, with bytes and without failures. Mooncake (no transfer
+    metric in vLLM 0.32): the decode instances took both smoke requests' prompts (2 x ``prompt_tokens``) from the
+    transfer (seen on the local cluster: +44 for two 22-token prompts, none computed locally)."""
+    d_ext = external_tokens(after) - external_tokens(before)
+    local = 'source="local_compute"'
+    d_local = labelled(after, PROMPT_BY_SOURCE, local) - labelled(before, PROMPT_BY_SOURCE, local)
+    if connector == "mooncake":
+        return Proof(
+            kv_proof_name(connector),
+            prompt_tokens > 0 and d_ext >= 2 * prompt_tokens,
+            f"decode /metrics: +{d_ext:.0f} prompt tokens from external_kv_transfer, +{d_local:.0f} computed "
+            f"locally (each request's prompt: {prompt_tokens} tokens)",
+        )
     d_count = metric(after, *XFER_COUNT) - metric(before, *XFER_COUNT)
     d_bytes = metric(after, *XFER_BYTES) - metric(before, *XFER_BYTES)
     d_failed = metric(after, *XFER_FAILED) - metric(before, *XFER_FAILED)
-    ext = 'source="external_kv_transfer"'
-    d_ext = labelled(after, PROMPT_BY_SOURCE, ext) - labelled(before, PROMPT_BY_SOURCE, ext)
     return Proof(
-        "KV cache moved prefill -> decode over NIXL",
+        kv_proof_name(connector),
         d_count >= 2 and d_bytes > 0 and d_failed == 0,
         f"decode /metrics: +{d_count:.0f} NIXL transfers, +{d_bytes:.0f} bytes, +{d_failed:.0f} failed, "
         f"+{d_ext:.0f} prompt tokens from external_kv_transfer",
@@ -251,8 +309,10 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
         return res
 
     t0 = time.monotonic()
+    prompt_tokens = 0
     try:
         out = post_json(ep.router + "/v1/completions", body, ep.api_key, timeout)
+        prompt_tokens = int(out.get("usage", {}).get("prompt_tokens", 0))
         res.completion = out["choices"][0]["text"]
         ok = bool(res.completion) and out.get("usage", {}).get("completion_tokens", 0) > 0 and not not_finished(out)
         res.proofs.append(
@@ -283,11 +343,11 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
 
     if layout == "pd":
         try:
-            res.proofs.append(kv_proof(before, scrape(ep.decode)))
+            res.proofs.append(kv_proof(before, scrape(ep.decode), ep.connector, prompt_tokens))
         except (OSError, ValueError) as exc:
             res.proofs.append(
                 Proof(
-                    "KV cache moved prefill -> decode over NIXL",
+                    kv_proof_name(ep.connector),
                     False,
                     f"decode /metrics unreadable after the requests: {type(exc).__name__}: {exc}",
                 )
@@ -324,6 +384,8 @@ def endpoints_from_cluster(cluster: Cluster, api_key: str = "") -> Endpoints:
         store_metrics=f"http://{cluster.kv_store.address}:{cluster.kv_store.metrics_port}/metrics"
         if cluster.kv_store
         else "",
+        connector=cluster.connector,
+        bootstrap=cluster.bootstrap(),
     )
 
 

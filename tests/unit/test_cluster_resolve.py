@@ -275,6 +275,24 @@ def test_the_kv_store_tier_defaults_by_profile_and_opens_the_master_to_peers():
     assert c.kv_store.load_failure_policy == "fail" and c.kv_store.master == "198.18.0.12:50051"
 
 
+def test_the_mooncake_pd_connector_gives_the_router_bootstrap_ports_and_opens_its_listeners_to_peers():
+    hv = copy.deepcopy(CPU)
+    for h in hv.values():
+        h["pdinfra_connector"] = "mooncake"
+    c = resolved(hv).cluster
+    assert c.connector == "mooncake" and c.router.connector == "mooncake" and c.mooncake_ports == "15000-16999"
+    p = c.by_role("prefill")[0]
+    assert c.router.prefill_bootstrap_ports == (p.side_channel_port,)
+    assert c.bootstrap() == {p.url: f"http://{p.side_channel_host}:{p.side_channel_port}"}
+    fw = {h.name: h.firewall for h in c.hosts}
+    # every instance's transfer engine listens in the Mooncake range; the prefill's ZeroMQ side channel on a port
+    # the kernel picks (pyzmq binds "*" without a range): the ephemeral range, open already
+    assert "15000-16999" in fw["node1"].peer_ports and "15000-16999" in fw["node2"].peer_ports
+    assert "32768-60999" in fw["node1"].peer_ports and "32768-60999" in fw["node2"].peer_ports
+    assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert resolved().cluster.bootstrap() == {} and resolved().cluster.router.prefill_bootstrap_ports == ()
+
+
 def test_extra_vars_given_as_strings_are_typed():
     hv = copy.deepcopy(CPU)
     for h in hv.values():
@@ -331,7 +349,7 @@ def _groups(fn):
 BAD: list[tuple[str, Any, Any, str]] = [
     # cluster-wide values
     ("misspelt profile", CPU, _set_all("pdinfra_profile", "gpuu"), "pdinfra_profile: must be one of cpu, gpu, not 'gpuu' (did you mean gpu?)"),
-    ("unknown connector", CPU, _set_all("pdinfra_connector", "mooncake-x"), "pdinfra_connector: must be one of nixl, lmcache, not 'mooncake-x'"),
+    ("unknown connector", CPU, _set_all("pdinfra_connector", "mooncake-x"), "pdinfra_connector: must be one of nixl, mooncake, lmcache, not 'mooncake-x'"),
     ("lmcache refused", CPU, _set_all("pdinfra_connector", "lmcache"), "pdinfra_connector: lmcache (LMCacheConnectorV1) is not deployable"),
     ("bad layout", CPU, _set_all("pdinfra_layout", "disagg"), "pdinfra_layout: must be one of pd, agg, not 'disagg'"),
     ("bad dtype", CPU, _set_all("pdinfra_dtype", "fp64"), "pdinfra_dtype: must be one of auto, bfloat16, float16, float32, not 'fp64'"),
@@ -370,6 +388,9 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("unknown pdinfra variable", CPU, _host("node2", "pdinfra_frobnicate", 1), "host node2: pdinfra_frobnicate: unknown variable"),
     ("misspelt role variable", CPU, _host("node1", "rdma_roce_mut", 9000), "host node1: rdma_roce_mut: unknown variable of role rdma_roce (did you mean rdma_roce_mtu?)"),
     ("derived role variable set", CPU, _host("node1", "vllm_instance_list", []), "host node1: vllm_instance_list: is derived from the cluster model"),
+    ("router connector set by hand", CPU, _host("node1", "pd_router_kv_connector", "mooncake"), "host node1: pd_router_kv_connector: is derived from the cluster model (pdinfra_connector); set that instead"),
+    ("mooncake connector with the reuse tier", CPU, lambda hv: [h.update(pdinfra_kv_store=True, pdinfra_connector="mooncake") for h in hv.values()], "pdinfra_kv_store: the KV reuse tier runs with pdinfra_connector nixl only"),
+    ("mooncake range over the UCX range", CPU, lambda hv: [h.update(pdinfra_connector="mooncake", pdinfra_kv_store_port_range="20500-21500") for h in hv.values()], "pdinfra_kv_store_port_range: 20500-21500 overlaps pdinfra_kv_port_range 20000-20999"),
     # model
     ("model missing", CPU, lambda hv: [h.pop("pdinfra_model") for h in hv.values()], "pdinfra_model: is required"),
     ("model not a mapping", CPU, _set_all("pdinfra_model", "tiny"), "pdinfra_model: must be a mapping, not 'tiny'"),

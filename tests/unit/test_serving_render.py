@@ -27,7 +27,8 @@ PLAY = """
   hosts: pd_cluster
   connection: local
   gather_facts: false
-  vars_files: ["{repo}/roles/vllm_instance/defaults/main.yml", "{repo}/roles/pd_kv_store/defaults/main.yml"]
+  vars_files: ["{repo}/roles/vllm_instance/defaults/main.yml", "{repo}/roles/pd_kv_store/defaults/main.yml",
+               "{repo}/roles/pd_router/defaults/main.yml"]
   vars:
     ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
   tasks:
@@ -55,6 +56,12 @@ PLAY = """
         dest: "{out}/{{{{ inventory_hostname }}}}-kv-store.service"
         mode: "0644"
       when: pd_kv_store_here | bool
+    - name: The router's unit
+      ansible.builtin.template:
+        src: "{repo}/roles/pd_router/templates/pdinfra-router.service.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-router.service"
+        mode: "0644"
+      when: pdinfra_node.router is not none
 """
 
 
@@ -113,6 +120,44 @@ def test_the_reuse_tier_joins_nixl_and_the_mooncake_store_in_one_multiconnector(
     assert "--metrics_host=198.18.0.11 --metrics_port=9003" in master
     assert "--enable_http_metadata_server=false" in master and "--default_kv_lease_ttl=30000" in master
     assert not (rendered_store / "hgx-h100-02-kv-store.service").exists()  # the router's host only
+
+
+def _kv(unit: str) -> dict:
+    return json.loads(unit.split("--kv-transfer-config '")[1].split("'")[0])
+
+
+def test_mooncake_pd_connector_renders_for_the_hgx_example(tmp_path_factory):
+    """pdinfra_connector mooncake on the GPU example: MooncakeConnector over RDMA, the prefill's bootstrap server on
+    its side_channel_port, the router speaking Mooncake's protocol with that port. Rendered only: not run on GPUs."""
+    out = _render(tmp_path_factory, INV, '{"pdinfra_connector": "mooncake"}')
+    for name, role in (("hgx-h100-01-prefill0", "kv_producer"), ("hgx-h100-02-decode1", "kv_consumer")):
+        assert _kv((out / f"{name}.service").read_text()) == {
+            "kv_connector": "MooncakeConnector", "kv_role": role, "kv_buffer_device": "cuda",
+            "kv_load_failure_policy": "fail", "kv_connector_extra_config": {"mooncake_protocol": "rdma"}}, name
+    prefill_env = (out / "hgx-h100-01-prefill0.env").read_text()
+    assert "VLLM_MOONCAKE_BOOTSTRAP_PORT=5600" in prefill_env
+    assert "VLLM_HOST_IP=198.18.0.11" in prefill_env and "MC_TCP_BIND_ADDRESS=198.18.0.11" in prefill_env
+    assert "MC_MIN_RPC_PORT=15000" in prefill_env and "MOONCAKE_CONFIG_PATH" not in prefill_env  # no store
+    decode_env = (out / "hgx-h100-02-decode1.env").read_text()
+    assert "BOOTSTRAP" not in decode_env and "VLLM_HOST_IP=198.18.0.12" in decode_env
+    router = (out / "hgx-h100-01-router.service").read_text()
+    assert "--vllm-pd-disaggregation --kv-connector mooncake" in router
+    assert "--prefill http://198.18.0.11:8100 5600 \\" in router
+    assert "--prefill http://198.18.0.11:8101 5610 \\" in router
+    assert "--decode http://198.18.0.12:8200 \\" in router
+
+
+def test_mooncake_pd_connector_on_the_local_cpu_cluster_uses_tcp(tmp_path_factory):
+    out = _render(tmp_path_factory, REPO / "inventory" / "local-mooncake" / "hosts.yml")
+    kv = _kv((out / "node1-prefill0.service").read_text())
+    assert (kv["kv_connector"], kv["kv_buffer_device"]) == ("MooncakeConnector", "cpu")
+    assert kv["kv_connector_extra_config"] == {"mooncake_protocol": "tcp"}  # vLLM's default is rdma
+    assert "--prefill http://198.18.0.11:8100 5600 \\" in (out / "node1-router.service").read_text()
+
+
+def test_nixl_router_names_no_bootstrap_port(rendered):
+    router = (rendered / "hgx-h100-01-router.service").read_text()
+    assert "--kv-connector nixl" in router and "--prefill http://198.18.0.11:8100 \\" in router
 
 
 def test_without_the_tier_no_instance_mentions_mooncake(rendered):

@@ -53,7 +53,7 @@ def assert_stopped_before_hosts(res: subprocess.CompletedProcess, needle: str) -
 
 def test_unknown_connector(inventory):
     res = site(inventory, "-e", "pdinfra_connector=tcpstore")
-    assert_stopped_before_hosts(res, "pdinfra_connector: must be one of nixl, lmcache, not 'tcpstore'")
+    assert_stopped_before_hosts(res, "pdinfra_connector: must be one of nixl, mooncake, lmcache, not 'tcpstore'")
 
 
 def test_port_collision_on_a_node(inventory):

@@ -1,0 +1,136 @@
+"""The Mooncake PD connector on the local cluster (issue 14): `pdinfra up -i inventory/local-mooncake/hosts.yml`.
+
+That overlay is the local inventory with ``pdinfra_connector: mooncake``: prefill0 (node1) pushes each request's KV
+into decode0 (node2) or decode1 (node1) over Mooncake's transfer engine (TCP), and vllm-router speaks Mooncake's
+protocol (``--kv-connector mooncake``, ``--prefill URL BOOTSTRAP_PORT``). It runs after the reuse-tier module and
+before the teardown, so it switches the cluster's connector once and leaves it.
+
+Exercised for real: vLLM 0.32's CPU build with its MooncakeConnector and pdinfra's shim (pdinfra.serving.mooncake_cpu),
+Mooncake 0.3.13.post1's transfer engine over TCP, vllm-router 0.1.17, the vllm_instance, pd_router, pd_firewall roles,
+pdinfra's smoke and deep-health probe speaking the connector's protocol. Not exercised: RDMA (``mooncake_protocol``
+rdma, the gpu default), GPU memory, TP > 1 (several workers registering with one bootstrap server).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+from e2e_helpers import BIN, E2E_MARKS, LOG_DIR, REPO, on, playbook, recap, run
+from test_reuse_tier import LOOPBACK, TEST_NET, _ip, _sockets
+
+from pdinfra.cluster.inventory import load_cluster
+from pdinfra.serving import mooncake_cpu, probe
+
+pytestmark = E2E_MARKS
+
+MOONCAKE_INV = REPO / "inventory" / "local-mooncake" / "hosts.yml"
+
+
+@pytest.fixture(scope="module")
+def mooncake(cluster):
+    """Converge the overlay with `pdinfra up` (its smoke summary has the Mooncake KV proof).
+    PDINFRA_E2E_REUSE=1 (development only) with a log of an earlier such run: use the cluster as it is."""
+    log = LOG_DIR / "m0-up-mooncake.log"
+    if os.environ.get("PDINFRA_E2E_REUSE") == "1" and log.exists():
+        res = subprocess.CompletedProcess([], 0, log.read_text(), "")
+    else:
+        res = run([str(BIN / "pdinfra"), "up", "-i", str(MOONCAKE_INV)], log="m0-up-mooncake", timeout=2400)
+    if res.returncode != 0:
+        pytest.fail(f"pdinfra up -i {MOONCAKE_INV} failed ({res.returncode}); see {LOG_DIR}/m0-up-mooncake.log:\n"
+                    f"{(res.stdout + res.stderr)[-5000:]}")  # fmt: skip
+    yield {"up": res, "cluster": load_cluster(MOONCAKE_INV, secrets=True), "hosts": cluster["hosts"]}
+
+
+def node(mc, name: str):
+    return next(h for h in mc["hosts"] if h.name == name)
+
+
+def test_up_with_the_mooncake_connector_proves_the_kv_moved(mooncake):
+    out = mooncake["up"].stdout
+    line = next((x for x in out.splitlines() if "over Mooncake" in x), "")
+    assert "PASS" in line, out[-3000:]
+    print(re.sub(r"\s+", " ", line))
+    assert all("PASS" in x for x in out.splitlines() if "│" in x and ("FAIL" in x or "PASS" in x)), out[-3000:]
+
+
+def test_every_prefill_decode_pair_moves_kv_over_mooncake(mooncake):
+    """pdinfra's deep-health probe, speaking the connector's protocol itself (transfer_id, bootstrap /query): the
+    router path and both pairs, one across the nodes (prefill0 -> decode0) and one within node1."""
+    c = mooncake["cluster"]
+    res = probe.run(c, api_key=c.secrets.api_key, timeout=60)
+    for p in res.paths:
+        print(p)
+    assert {p.path for p in res.paths} == {"router", "prefill0->decode0", "prefill0->decode1"}
+    assert all(p.ok for p in res.paths), [p for p in res.paths if not p.ok]
+
+
+def test_router_speaks_mooncake_with_each_prefills_bootstrap_port(mooncake):
+    res = on(node(mooncake, "node1"), "systemctl show -p ExecStart --value pdinfra-router", log="m1-router-unit",
+             check=True)  # fmt: skip
+    assert "--kv-connector mooncake" in res.stdout, res.stdout
+    assert "--prefill http://198.18.0.11:8100 5600" in res.stdout, res.stdout
+
+
+def test_second_converge_of_the_overlay_changes_nothing(mooncake):
+    res = playbook(log="m2-converge-again", inventory=MOONCAKE_INV)
+    assert res.returncode == 0, res.stdout[-4000:]
+    changed = {h: v["changed"] for h, v in recap(res.stdout).items() if v["changed"]}
+    assert changed == {}, f"not idempotent: {changed}; see {LOG_DIR}/m2-converge-again.log"
+
+
+def test_mooncake_cpu_shim_is_still_needed(mooncake):
+    """vLLM 0.32's MooncakeConnectorWorker asks torch.accelerator for a device (none on CPU); the shim answered 0 (it
+    says so in the journal). This fails once vLLM stops asking: then remove pdinfra.serving.mooncake_cpu."""
+    res = on(node(mooncake, "node1"),
+             "grep -c 'torch.accelerator.current_device_index()' /opt/pdinfra/venv/lib/python3*/site-packages/vllm/"
+             "distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py || true; "
+             f"journalctl --no-pager -u pdinfra-vllm-prefill0 | grep -cF '{mooncake_cpu.MESSAGE}' || true",
+             log="m3-mooncake-shim")  # fmt: skip
+    counts = [int(x) for x in res.stdout.split()[:2]]
+    assert counts[0] >= 1, "vLLM's Mooncake connector no longer asks for an accelerator: remove the shim"
+    assert counts[1] >= 1, f"the shim did not act on prefill0 (journal): {res.stdout}"
+
+
+def test_mooncake_traffic_stays_on_the_test_hosts_addresses(mooncake):
+    """Where the connector's sockets are, on both nodes (ss -tanp):
+    - every established TCP connection runs between the test hosts' addresses or on loopback (VLLM_HOST_IP and
+      MC_TCP_BIND_ADDRESS pin the transfer engine and vLLM's side channel to the serving address);
+    - the prefill's bootstrap server listens on 0.0.0.0:5600 (hard-coded in vLLM) and Mooncake's transfer-engine
+      listeners bind every address (hard-coded in Mooncake 0.3.13) in pdinfra_kv_store_port_range; no other
+      wildcard listener belongs to vLLM;
+    - a host outside the cluster reaches none of them (the firewall opens them to cluster peers only)."""
+    from test_reliability import _connects
+
+    from pdinfra.testhosts import nspawn
+
+    lo, hi = (int(x) for x in mooncake["cluster"].mooncake_ports.split("-"))
+    rows = {h.name: _sockets(h, f"m4-ss-{h.name}") for h in mooncake["hosts"]}
+    wildcard, stray = [], []
+    for name, sockets in rows.items():
+        for state, local, peer, proc in sockets:
+            if state == "LISTEN":
+                if _ip(local) is None and proc not in ("sshd", "nginx"):
+                    port = int(local.rsplit(":", 1)[1])
+                    wildcard.append((name, port, proc))
+                    if not (lo <= port <= hi or (name, port) == ("node1", 5600)):
+                        stray.append((name, port, proc))
+                continue
+            if state == "ESTAB":
+                for end in (local, peer):
+                    ip = _ip(end)
+                    assert ip is not None and (ip in TEST_NET or ip in LOOPBACK), (name, local, peer, proc)
+    assert ("node1", 5600) in {(n, p) for n, p, _ in wildcard}, f"no bootstrap server on node1:5600: {wildcard}"
+    assert not stray, f"wildcard listeners outside the bootstrap port and {lo}-{hi}: {stray}"
+    print(f"listeners bound to every address: {wildcard}")
+    outside = nspawn.TestHost("outside", "198.18.0.13/24")
+    nspawn._setup_bridge(outside)
+    nspawn._setup_netns(outside)
+    try:
+        ips = {"node1": "198.18.0.11", "node2": "198.18.0.12"}
+        answered = [w for w in wildcard if _connects(ips[w[0]], w[1], outside.netns)]
+        assert not answered, f"listeners answered a host outside the cluster: {answered}"
+    finally:
+        nspawn._teardown_netns(outside)
