@@ -55,3 +55,17 @@ def on(host: testhosts.TestHost, command: str, log: str, check: bool = False,
        timeout: float = 600) -> subprocess.CompletedProcess:  # fmt: skip
     """A shell command on a local node over SSH."""
     return run([*testhosts.ssh_command(host, testhosts.ssh_key()), command], log=log, check=check, timeout=timeout)
+
+
+def up_overlay(inventory: Path, log: str) -> subprocess.CompletedProcess:
+    """`pdinfra up -i inventory` onto the running local nodes (an overlay of inventory/local); the test fails with the
+    log's tail when it fails. PDINFRA_E2E_REUSE=1 (development only) with that log from an earlier run: use the
+    cluster as it is."""
+    path = LOG_DIR / f"{log}.log"
+    if os.environ.get("PDINFRA_E2E_REUSE") == "1" and path.exists():
+        return subprocess.CompletedProcess([], 0, path.read_text(), "")
+    res = run([str(BIN / "pdinfra"), "up", "-i", str(inventory)], log=log, timeout=2400)
+    if res.returncode != 0:
+        pytest.fail(f"pdinfra up -i {inventory} failed ({res.returncode}); see {path}:\n"
+                    f"{(res.stdout + res.stderr)[-5000:]}")  # fmt: skip
+    return res

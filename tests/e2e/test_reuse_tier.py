@@ -14,14 +14,12 @@ Not exercised: RDMA (protocol rdma), GPU memory segments, the store's eviction u
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 import statistics
-import subprocess
 import time
 
 import pytest
-from e2e_helpers import BIN, E2E_MARKS, LOG_DIR, REPO, on, run
+from e2e_helpers import E2E_MARKS, LOG_DIR, REPO, on, up_overlay
 from test_reliability import REQUEST_TIMEOUT_S, Load, api_key, complete, healthy, wait_until
 
 from pdinfra.cluster.inventory import load_cluster
@@ -38,16 +36,8 @@ LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 @pytest.fixture(scope="module")
 def tier(cluster):
-    """Converge the overlay with `pdinfra up` (the smoke summary at its end includes the store proof).
-    PDINFRA_E2E_REUSE=1 (development only) with a log of an earlier such run: use the cluster as it is."""
-    log = LOG_DIR / "r0-up-reuse.log"
-    if os.environ.get("PDINFRA_E2E_REUSE") == "1" and log.exists():
-        res = subprocess.CompletedProcess([], 0, log.read_text(), "")
-    else:
-        res = run([str(BIN / "pdinfra"), "up", "-i", str(REUSE_INV)], log="r0-up-reuse", timeout=2400)
-    if res.returncode != 0:
-        pytest.fail(f"pdinfra up -i {REUSE_INV} failed ({res.returncode}); see {LOG_DIR}/r0-up-reuse.log:\n"
-                    f"{(res.stdout + res.stderr)[-5000:]}")  # fmt: skip
+    """Converge the overlay with `pdinfra up` (the smoke summary at its end includes the store proof)."""
+    res = up_overlay(REUSE_INV, "r0-up-reuse")
     c = load_cluster(REUSE_INV, secrets=True)
     yield {"up": res, "cluster": c, "ep": smoke.endpoints_from_cluster(c, api_key=c.secrets.api_key),
            "hosts": cluster["hosts"]}  # fmt: skip

@@ -13,12 +13,10 @@ rdma, the gpu default), GPU memory, TP > 1 (several workers registering with one
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
 import pytest
-from e2e_helpers import BIN, E2E_MARKS, LOG_DIR, REPO, on, playbook, recap, run
+from e2e_helpers import E2E_MARKS, LOG_DIR, REPO, on, playbook, recap, up_overlay
 from test_reuse_tier import LOOPBACK, TEST_NET, _ip, _sockets
 
 from pdinfra.cluster.inventory import load_cluster
@@ -31,16 +29,8 @@ MOONCAKE_INV = REPO / "inventory" / "local-mooncake" / "hosts.yml"
 
 @pytest.fixture(scope="module")
 def mooncake(cluster):
-    """Converge the overlay with `pdinfra up` (its smoke summary has the Mooncake KV proof).
-    PDINFRA_E2E_REUSE=1 (development only) with a log of an earlier such run: use the cluster as it is."""
-    log = LOG_DIR / "m0-up-mooncake.log"
-    if os.environ.get("PDINFRA_E2E_REUSE") == "1" and log.exists():
-        res = subprocess.CompletedProcess([], 0, log.read_text(), "")
-    else:
-        res = run([str(BIN / "pdinfra"), "up", "-i", str(MOONCAKE_INV)], log="m0-up-mooncake", timeout=2400)
-    if res.returncode != 0:
-        pytest.fail(f"pdinfra up -i {MOONCAKE_INV} failed ({res.returncode}); see {LOG_DIR}/m0-up-mooncake.log:\n"
-                    f"{(res.stdout + res.stderr)[-5000:]}")  # fmt: skip
+    """Converge the overlay with `pdinfra up` (its smoke summary has the Mooncake KV proof)."""
+    res = up_overlay(MOONCAKE_INV, "m0-up-mooncake")
     yield {"up": res, "cluster": load_cluster(MOONCAKE_INV, secrets=True), "hosts": cluster["hosts"]}
 
 
