@@ -50,6 +50,10 @@ class Instance:
     cpu_affinity: str = ""
     extra_args: tuple[str, ...] = ()
     kv_store: bool = False  # joins the KV reuse tier (pdinfra_kv_store, pdinfra_kv_store_roles)
+    # pdinfra_connector lmcache, decode instances: LMCache's receiver ports, one per TP rank (pd_peer_init_port:
+    # side_channel_port + rank; pd_peer_alloc_port: side_channel_port + tp + rank)
+    lmcache_init_ports: tuple[int, ...] = ()
+    lmcache_alloc_ports: tuple[int, ...] = ()
 
     @property
     def var(self) -> str:
@@ -82,6 +86,7 @@ class Router:
     connector: str = "nixl"  # the KV connector the router speaks (pdinfra_connector)
     # pdinfra_connector mooncake: each prefill's bootstrap server port (its side_channel_port), in prefill's order
     prefill_bootstrap_ports: tuple[int, ...] = ()
+    lmcache_notify_port: int = 0  # pdinfra_connector lmcache: where the proxy takes the prefills' notifications
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,7 @@ class Cluster:
     # Where every Mooncake transfer engine of the instances listens (MC_MIN_RPC_PORT-MC_MAX_RPC_PORT): the store
     # clients' and, under pdinfra_connector mooncake, the PD connector's (pdinfra_kv_store_port_range)
     mooncake_ports: str = "15000-16999"
+    lmcache_buffer_mib: int = 2048  # pdinfra_connector lmcache: LMCache's pd_buffer_size per instance
     secrets: Secrets = field(default_factory=Secrets, compare=False, repr=False)
 
     # ------------------------------------------------------------------ lookups
@@ -248,7 +254,9 @@ class Cluster:
         hosts = []
         for h in data["hosts"]:
             insts = tuple(
-                Instance(**{**i, "gpus": tuple(i["gpus"]), "extra_args": tuple(i.get("extra_args", ()))})
+                Instance(**{**i, "gpus": tuple(i["gpus"]), "extra_args": tuple(i.get("extra_args", ())),
+                            "lmcache_init_ports": tuple(i.get("lmcache_init_ports", ())),
+                            "lmcache_alloc_ports": tuple(i.get("lmcache_alloc_ports", ()))})
                 for i in h.get("instances", [])
             )
             rails = tuple(Rail(**r) for r in h.get("rails", []))
@@ -275,6 +283,7 @@ class Cluster:
             api_key_required=bool(data.get("api_key_required", False)),
             kv_port_range=data.get("kv_port_range", "20000-20999"),
             mooncake_ports=data.get("mooncake_ports", "15000-16999"),
+            lmcache_buffer_mib=int(data.get("lmcache_buffer_mib", 2048)),
             firewall=bool(data.get("firewall", True)),
             monitoring=_monitoring(data.get("monitoring")),
             kv_store=KVStore(**{**data["kv_store"], "roles": tuple(data["kv_store"].get("roles", ("prefill",)))})

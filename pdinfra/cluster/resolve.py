@@ -320,9 +320,9 @@ def resolve(
     block = cluster_value(PDINFRA["pdinfra_block_size"])
     if block is None:
         block = default_block_size(profile)
-    if connector == "lmcache":
-        ck.add("pdinfra_connector", "lmcache (LMCacheConnectorV1) is not deployable by pdinfra yet: vllm-router speaks "
-               "only the NixlConnector protocol and LMCache's disagg proxy is not packaged; use 'nixl'")  # fmt: skip
+    if connector == "lmcache" and profile == "cpu":
+        ck.add("pdinfra_connector", "lmcache (LMCacheConnectorV1) needs GPU hosts: no LMCache release runs with vLLM's "
+               "CPU build (LMCache RFC #4266); use nixl or mooncake on the cpu profile")  # fmt: skip
     _check_block(ck, "pdinfra_block_size", block, profile, None)
 
     # ---------------------------------------------------------------- model
@@ -339,9 +339,13 @@ def resolve(
                        cluster_value(PDINFRA["pdinfra_api_key_file"]) or "")  # fmt: skip
     store_on = bool(cluster_value(PDINFRA["pdinfra_kv_store"]))
     mooncake_pd = connector == "mooncake" and layout == "pd"
-    if store_on and mooncake_pd:
-        ck.add("pdinfra_kv_store", "the KV reuse tier runs with pdinfra_connector nixl only: MultiConnector"
-               "[MooncakeConnector, MooncakeStoreConnector] has not run here (docs/connectors.md)")  # fmt: skip
+    lmcache_pd = connector == "lmcache" and layout == "pd"
+    if store_on and (mooncake_pd or lmcache_pd):
+        ck.add("pdinfra_kv_store", f"the KV reuse tier runs with pdinfra_connector nixl only: MultiConnector"
+               f"[{'MooncakeConnector' if mooncake_pd else 'LMCacheConnectorV1'}, MooncakeStoreConnector] has not run "
+               "here (docs/connectors.md)")  # fmt: skip
+    notify_port = int(cluster_value(PDINFRA["pdinfra_lmcache_notify_port"]))
+    lmcache_buffer = int(cluster_value(PDINFRA["pdinfra_lmcache_buffer_mib"]))
     store_values = {n: cluster_value(PDINFRA[n]) for n in STORE_VARS}  # checked whether the tier is on or not
     m_store = _port_range(ck, "pdinfra_kv_store_port_range", str(store_values["pdinfra_kv_store_port_range"]),
                           "15000-16999")  # fmt: skip
@@ -412,6 +416,8 @@ def resolve(
             if not any(i.role == role for i in all_instances):
                 ck.add("pdinfra_instances", f"the cluster has no {role} instance (pdinfra_layout is pd)")
     _check_consistency(ck, all_instances)
+    if lmcache_pd:
+        hosts, all_instances = _lmcache_ports(ck, hosts)
 
     # ---------------------------------------------------------------- routers
     router_objs: list[Router] = []
@@ -435,6 +441,7 @@ def resolve(
                 connector=connector,
                 prefill_bootstrap_ports=tuple(i.side_channel_port for i in all_instances if i.role == "prefill")
                 if mooncake_pd else (),
+                lmcache_notify_port=notify_port if lmcache_pd else 0,
             )  # fmt: skip
         )
     hosts = [
@@ -462,6 +469,7 @@ def resolve(
         hosts=tuple(hosts), routers=tuple(router_objs), kv_load_failure_policy=str(kv_policy),
         service_user=service_user, api_key_required=bool(api_key), kv_port_range=port_range, firewall=firewall,
         monitoring=monitoring, kv_store=kv_store, mooncake_ports=str(store_values["pdinfra_kv_store_port_range"]),
+        lmcache_buffer_mib=lmcache_buffer,
         secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
     )  # fmt: skip
     return Resolution(cluster, [])
@@ -532,10 +540,36 @@ def _service_host(ck: _Checker, pd: list[Host], routers: list[Router], name: Any
     return host
 
 
+def _lmcache_ports(ck: _Checker, hosts: list[Host]) -> tuple[list[Host], list[Instance]]:
+    """LMCache's receiver ports on every decode instance: init at side_channel_port + rank, alloc after them at
+    side_channel_port + tp + rank; each must be free on its host."""
+    out, insts = [], []
+    for h in hosts:
+        used = _serving_ports(h)
+        new = []
+        for i in h.instances:
+            if i.role == "decode":
+                tp = max(i.tp, 1)
+                init = tuple(i.side_channel_port + r for r in range(tp))
+                alloc = tuple(i.side_channel_port + tp + r for r in range(tp))
+                for p in alloc:
+                    if p in used or p > 65535:
+                        ck.add(f"{i.var}.side_channel_port", f"LMCache's alloc port {p} ({i.name}, side_channel_port "
+                               f"+ {tp} TP ranks + rank) is {'above 65535' if p > 65535 else 'used by ' + used[p]}; "
+                               f"leave {2 * tp} ports free from side_channel_port", h.name)  # fmt: skip
+                i = dataclasses.replace(i, lmcache_init_ports=init, lmcache_alloc_ports=alloc)
+            new.append(i)
+        h = dataclasses.replace(h, instances=tuple(new))
+        out.append(h)
+        insts += new
+    return out, insts
+
+
 def _serving_ports(h: Host) -> dict[int, str]:
     """port -> what uses it, of a host's instances (every TP rank's side channel) and router."""
     used = {i.port: f"instance {i.name}" for i in h.instances}
     used.update({i.side_channel_port + r: f"{i.name}'s side channel" for i in h.instances for r in range(i.tp)})
+    used.update({p: f"{i.name}'s LMCache alloc port" for i in h.instances for p in i.lmcache_alloc_ports})
     if h.router is not None:
         used.update({h.router.port: "the router", h.router.metrics_port: "the router's metrics"})
     return used
@@ -643,10 +677,13 @@ def _firewalls(
         for inst in h.instances:
             spans.append((inst.port, inst.port))
             spans.append((inst.side_channel_port, inst.side_channel_port + max(inst.tp, 1) - 1))
+            spans += [(p, p) for p in inst.lmcache_alloc_ports]  # LMCache's receiver (init ports: the line above)
         client: tuple[int, ...] = ()
         if h.router is not None:
             spans.append((h.router.metrics_port, h.router.metrics_port))
             client = (h.router.port,)
+            if h.router.lmcache_notify_port:  # the LMCache proxy's notifications, from the prefills
+                spans.append((h.router.lmcache_notify_port, h.router.lmcache_notify_port))
         if monitoring is not None:  # scraped by Prometheus (a peer), queried from the admin networks
             spans.append((monitoring.node_exporter_port, monitoring.node_exporter_port))
             if f"{h.address}:{monitoring.dcgm_exporter_port}" in monitoring.targets.get("dcgm", ()):

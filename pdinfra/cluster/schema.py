@@ -143,6 +143,12 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "(prefill died, link cut): `fail` returns an error for that request (vLLM's and llm-d's default); `recompute` "
        "redoes the prefill on the decode instance. Instances in the KV reuse tier follow "
        "`pdinfra_kv_store_load_failure_policy` instead.", default="fail", choices=("fail", "recompute")),
+    _f("pdinfra_lmcache_notify_port", "port", "`pdinfra_connector: lmcache`: the port on the router host where "
+       "pdinfra's LMCache PD proxy takes the prefills' KV-written notifications (LMCache's `pd_proxy_port`; ZeroMQ, "
+       "open to cluster peers only).", default=7500),
+    _f("pdinfra_lmcache_buffer_mib", "int", "`pdinfra_connector: lmcache`: each instance's PD buffer in GPU memory "
+       "(LMCache's `pd_buffer_size`, MiB): the prefill's staging buffer and the decode's landing buffer.",
+       default=2048, min=64, max=1_048_576),
     _f("pdinfra_kv_store", "bool", "Deploy the KV reuse tier: a Mooncake store (`mooncake_master`) on "
        "`pdinfra_kv_store_host`; prefill (and aggregated) instances save their KV blocks to it and every instance "
        "loads prompt prefixes another instance computed (vLLM's MooncakeStoreConnector, under PD inside MultiConnector "

@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         data = json.loads(args.config.read_text(encoding="utf-8"))
-        data.setdefault("api_key", os.environ.get("PDINFRA_API_KEY", ""))
+        data.setdefault("api_key", os.environ.get("OPENAI_API_KEY", ""))  # the router.env key, as vllm-router reads it
         cfg = Config.from_dict(data)
     except (OSError, ValueError, KeyError) as exc:
         print(f"pdinfra lmcache proxy: {args.config}: {type(exc).__name__}: {exc}", file=sys.stderr)

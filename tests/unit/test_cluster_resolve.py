@@ -293,6 +293,24 @@ def test_the_mooncake_pd_connector_gives_the_router_bootstrap_ports_and_opens_it
     assert resolved().cluster.bootstrap() == {} and resolved().cluster.router.prefill_bootstrap_ports == ()
 
 
+def test_lmcache_pd_gives_each_decode_receiver_ports_per_tp_rank_and_opens_them_to_peers():
+    hv = copy.deepcopy(GPU)
+    for h in hv.values():
+        h["pdinfra_connector"] = "lmcache"
+    c = resolved(hv, GPU_GROUPS).cluster
+    d = c.by_role("decode")[0]
+    assert d.lmcache_init_ports == (5600, 5601, 5602, 5603) and d.lmcache_alloc_ports == (5604, 5605, 5606, 5607)
+    assert c.by_role("prefill")[0].lmcache_alloc_ports == () and c.router.lmcache_notify_port == 7500
+    assert c.lmcache_buffer_mib == 2048
+    fw = {h.name: h.firewall for h in c.hosts}
+    assert "5600-5607" in fw["gpu2"].peer_ports and "7500" in fw["gpu1"].peer_ports
+    assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    hv["gpu2"]["pdinfra_instances"].append({"name": "decode1", "role": "decode", "port": 8201,
+                                            "side_channel_port": 5605, "gpus": [4, 5, 6, 7], "tensor_parallel_size": 4})
+    probs = [f"{p.host}: {p.variable}: {p.message}" for p in resolved(hv, GPU_GROUPS).problems]
+    assert any("LMCache's alloc port 5605 (decode0" in p and "used by decode1's side channel" in p for p in probs), probs
+
+
 def test_extra_vars_given_as_strings_are_typed():
     hv = copy.deepcopy(CPU)
     for h in hv.values():
@@ -350,7 +368,7 @@ BAD: list[tuple[str, Any, Any, str]] = [
     # cluster-wide values
     ("misspelt profile", CPU, _set_all("pdinfra_profile", "gpuu"), "pdinfra_profile: must be one of cpu, gpu, not 'gpuu' (did you mean gpu?)"),
     ("unknown connector", CPU, _set_all("pdinfra_connector", "mooncake-x"), "pdinfra_connector: must be one of nixl, mooncake, lmcache, not 'mooncake-x'"),
-    ("lmcache refused", CPU, _set_all("pdinfra_connector", "lmcache"), "pdinfra_connector: lmcache (LMCacheConnectorV1) is not deployable"),
+    ("lmcache refused on cpu", CPU, _set_all("pdinfra_connector", "lmcache"), "pdinfra_connector: lmcache (LMCacheConnectorV1) needs GPU hosts: no LMCache release runs with vLLM's CPU build"),
     ("bad layout", CPU, _set_all("pdinfra_layout", "disagg"), "pdinfra_layout: must be one of pd, agg, not 'disagg'"),
     ("bad dtype", CPU, _set_all("pdinfra_dtype", "fp64"), "pdinfra_dtype: must be one of auto, bfloat16, float16, float32, not 'fp64'"),
     ("block size not a power of two", CPU, _set_all("pdinfra_block_size", 48), "pdinfra_block_size: must be a power of two"),

@@ -56,6 +56,18 @@ PLAY = """
         dest: "{out}/{{{{ inventory_hostname }}}}-kv-store.service"
         mode: "0644"
       when: pd_kv_store_here | bool
+    - name: LMCache configuration (pdinfra_connector lmcache)
+      ansible.builtin.template:
+        src: "{repo}/roles/vllm_instance/templates/lmcache.yaml.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-{{{{ item.name }}}}.lmcache.yaml"
+        mode: "0644"
+      loop: "{{{{ vllm_instance_list if vllm_instance_connector == 'lmcache' else [] }}}}"
+    - name: The LMCache proxy's configuration
+      ansible.builtin.template:
+        src: "{repo}/roles/pd_router/templates/lmcache-proxy.json.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-lmcache-proxy.json"
+        mode: "0644"
+      when: pdinfra_node.router is not none and pd_router_kv_connector == 'lmcache'
     - name: The router's unit
       ansible.builtin.template:
         src: "{repo}/roles/pd_router/templates/pdinfra-router.service.j2"
@@ -155,6 +167,35 @@ def test_mooncake_pd_connector_on_the_local_cpu_cluster_uses_tcp(tmp_path_factor
     assert "--prefill http://198.18.0.11:8100 5600 \\" in (out / "node1-router.service").read_text()
 
 
+@pytest.fixture(scope="module")
+def rendered_lmcache(tmp_path_factory) -> Path:
+    """The HGX example with pdinfra_connector lmcache (rendered only: LMCache has not run here)."""
+    return _render(tmp_path_factory, INV, '{"pdinfra_connector": "lmcache"}')
+
+
+def test_lmcache_pd_renders_for_the_hgx_example(rendered_lmcache):
+    out = rendered_lmcache
+    p = _kv((out / "hgx-h100-01-prefill0.service").read_text())
+    d = _kv((out / "hgx-h100-02-decode1.service").read_text())
+    assert p == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
+                 "kv_load_failure_policy": "fail",
+                 "kv_connector_extra_config": {"discard_partial_chunks": False, "lmcache_rpc_port": "prefill0"}}
+    assert d["kv_connector_extra_config"] == {"discard_partial_chunks": False, "lmcache_rpc_port": "decode1",
+                                              "skip_last_n_tokens": 1}  # fmt: skip
+    env = (out / "hgx-h100-02-decode1.env").read_text()
+    assert "LMCACHE_CONFIG_FILE=/etc/pdinfra/instances/decode1.lmcache.yaml" in env and "PYTHONHASHSEED=0" in env
+    proxy = json.loads((out / "hgx-h100-01-lmcache-proxy.json").read_text())
+    assert proxy["notify_host"] == "198.18.0.11" and proxy["notify_port"] == 7500 and proxy["host"] == "127.0.0.1"
+    assert proxy["decode"][1] == {"url": "http://198.18.0.12:8201", "host": "198.18.0.12",
+                                  "init_ports": [5610, 5611, 5612, 5613], "alloc_ports": [5614, 5615, 5616, 5617]}
+    router = (out / "hgx-h100-01-router.service").read_text()
+    assert "-m pdinfra.serving.lmcache_proxy --config /etc/pdinfra/lmcache-proxy.json" in router
+    assert "vllm-router" not in router.split("ExecStart=")[1].split("\n")[0]
+    from pdinfra.serving import lmcache_proxy
+
+    assert lmcache_proxy.Config.from_dict(proxy).decode[1].alloc_ports == (5614, 5615, 5616, 5617)
+
+
 def test_nixl_router_names_no_bootstrap_port(rendered):
     router = (rendered / "hgx-h100-01-router.service").read_text()
     assert "--kv-connector nixl" in router and "--prefill http://198.18.0.11:8100 \\" in router
@@ -229,3 +270,84 @@ def test_unit_cluster_json_transfer_plan_and_bench_prediction_agree(rendered):
     assert kv_case.desc_bytes == kvshape.block_len(shape, 64, 4) and kv_case.kv["block_size"] == 64
     ep, _ = live.endpoints_from_cluster(cluster)
     assert (ep.model_shape, ep.block_size, ep.tp, ep.kv_dtype) == ("gpt-oss-120b", 64, 4, "bfloat16")
+
+
+# LMCache's own loader (lmcache 0.5.6: LMCacheEngineConfig.from_file + validate, what LMCacheConnectorV1 runs at
+# start-up). It imports without torch; the wheel is for CPython 3.11, so it gets a venv of its own (cached in out/).
+LMCACHE = "lmcache==0.5.6"
+LOADER = r"""
+import json, logging, sys
+from lmcache.v1.config import LMCacheEngineConfig
+unknown = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        msg = record.getMessage()
+        if "Unknown configuration key" in msg or "Failed to convert" in msg or "invalid" in msg.lower():
+            unknown.append(msg)
+logging.getLogger().addHandler(Catch())
+for name in ("lmcache", "lmcache.v1", "lmcache.v1.config", "lmcache.v1.config_base"):
+    logging.getLogger(name).addHandler(Catch())
+out = {}
+for path in sys.argv[1:]:
+    c = LMCacheEngineConfig.from_file(path)
+    c.validate()
+    keys = ("enable_pd", "pd_role", "pd_buffer_size", "pd_buffer_device", "pd_peer_host", "pd_peer_init_port",
+            "pd_peer_alloc_port", "pd_proxy_host", "pd_proxy_port", "transfer_channel", "nixl_backends",
+            "save_unfull_chunk", "local_cpu", "chunk_size")
+    out[path] = {k: getattr(c, k) for k in keys}
+print(json.dumps({"configs": out, "warnings": unknown}))
+"""
+
+
+@pytest.fixture(scope="module")
+def lmcache_python() -> Path:
+    import shutil
+
+    py311 = shutil.which("python3.11")
+    if py311 is None:
+        pytest.fail("python3.11 is needed for LMCache's loader (the lmcache 0.5.6 wheel is cp311 only)")
+    venv = REPO / "out" / "lmcache-loader-venv"
+    py = venv / "bin" / "python"
+    if not (venv / ".ok").exists():
+        subprocess.run([py311, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+        for args in (["--no-deps", LMCACHE], ["pyyaml", "requests"]):
+            subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], check=True,
+                           timeout=600)  # fmt: skip
+        (venv / ".ok").write_text(LMCACHE + "\n")
+    return py
+
+
+def test_rendered_lmcache_configs_pass_lmcaches_own_loader(rendered_lmcache, lmcache_python):
+    paths = sorted(str(p) for p in rendered_lmcache.glob("*.lmcache.yaml"))
+    assert len(paths) == 4, paths
+    res = subprocess.run([str(lmcache_python), "-c", LOADER, *paths], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(res.stdout.strip().splitlines()[-1])
+    assert data["warnings"] == [], data["warnings"]  # LMCache drops unknown keys and turns bad values into None
+    configs = {Path(p).name: c for p, c in data["configs"].items()}
+    sender, receiver = configs["hgx-h100-01-prefill0.lmcache.yaml"], configs["hgx-h100-02-decode1.lmcache.yaml"]
+    for c in (sender, receiver):
+        assert c["enable_pd"] is True and c["transfer_channel"] == "nixl" and c["nixl_backends"] == ["UCX"]
+        assert c["pd_buffer_size"] == 2048 << 20 and c["pd_buffer_device"] == "cuda" and c["local_cpu"] is False
+        assert c["save_unfull_chunk"] is True  # validate() forces it under PD
+    assert (sender["pd_role"], sender["pd_proxy_host"], sender["pd_proxy_port"]) == ("sender", "198.18.0.11", 7500)
+    assert receiver["pd_role"] == "receiver" and receiver["pd_peer_host"] == "198.18.0.12"
+    assert receiver["pd_peer_init_port"] == [5610, 5611, 5612, 5613]
+    assert receiver["pd_peer_alloc_port"] == [5614, 5615, 5616, 5617]
+
+
+def _load(py: Path, tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    f = tmp_path / "x.lmcache.yaml"
+    f.write_text("enable_pd: true\npd_role: receiver\npd_buffer_device: cuda\n" + text)
+    return subprocess.run([str(py), "-c", LOADER, str(f)], capture_output=True, text=True, timeout=120)
+
+
+def test_lmcaches_loader_check_sees_a_misspelt_key(lmcache_python, tmp_path):
+    res = _load(lmcache_python, tmp_path, "pd_buffer_size: 1073741824\npd_bufer_size: 1\n")
+    assert res.returncode == 0, res.stderr[-2000:]  # LMCache itself only logs it and drops the key
+    assert any("pd_bufer_size" in w for w in json.loads(res.stdout.strip().splitlines()[-1])["warnings"]), res.stdout
+
+
+def test_lmcaches_loader_check_sees_a_bad_value(lmcache_python, tmp_path):
+    res = _load(lmcache_python, tmp_path, "pd_buffer_size: 1e9\n")  # PyYAML reads 1e9 as a string: LMCache -> None
+    assert res.returncode != 0 and "assert self.pd_buffer_size is not None" in res.stderr, res.stderr[-2000:]
