@@ -300,27 +300,31 @@ print(json.dumps({"configs": out, "warnings": unknown}))
 
 
 @pytest.fixture(scope="module")
-def lmcache_python() -> Path:
+def lmcache_python() -> list[str]:
+    """A Python 3.11 interpreter with lmcache 0.5.6 (no dependencies but PyYAML and requests) on its path: the
+    controller's pip fetches the cp311 wheels into out/ (no venv module needed), cached between runs."""
     import shutil
 
-    py311 = shutil.which("python3.11")
+    py311 = next((p for p in (shutil.which("python3.11"), shutil.which("python3")) if p and subprocess.run(
+        [p, "-c", "import sys; sys.exit(sys.version_info[:2] != (3, 11))"]).returncode == 0), None)  # fmt: skip
     if py311 is None:
-        pytest.fail("python3.11 is needed for LMCache's loader (the lmcache 0.5.6 wheel is cp311 only)")
-    venv = REPO / "out" / "lmcache-loader-venv"
-    py = venv / "bin" / "python"
-    if not (venv / ".ok").exists():
-        subprocess.run([py311, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
-        for args in (["--no-deps", LMCACHE], ["pyyaml", "requests"]):
-            subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], check=True,
-                           timeout=600)  # fmt: skip
-        (venv / ".ok").write_text(LMCACHE + "\n")
-    return py
+        pytest.fail("a Python 3.11 interpreter is needed for LMCache's loader (the lmcache 0.5.6 wheel is cp311 only)")
+    target = REPO / "out" / "lmcache-loader"
+    if not (target / ".ok").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(target),
+               "--python-version", "3.11", "--only-binary=:all:", "--implementation", "cp",
+               "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64"]  # fmt: skip
+        subprocess.run([*pip, "--no-deps", LMCACHE], check=True, timeout=600)
+        subprocess.run([*pip, "pyyaml", "requests"], check=True, timeout=600)
+        (target / ".ok").write_text(LMCACHE + "\n")
+    return ["env", f"PYTHONPATH={target}", py311]
 
 
 def test_rendered_lmcache_configs_pass_lmcaches_own_loader(rendered_lmcache, lmcache_python):
     paths = sorted(str(p) for p in rendered_lmcache.glob("*.lmcache.yaml"))
     assert len(paths) == 4, paths
-    res = subprocess.run([str(lmcache_python), "-c", LOADER, *paths], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([*lmcache_python, "-c", LOADER, *paths], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads(res.stdout.strip().splitlines()[-1])
     assert data["warnings"] == [], data["warnings"]  # LMCache drops unknown keys and turns bad values into None
@@ -336,10 +340,10 @@ def test_rendered_lmcache_configs_pass_lmcaches_own_loader(rendered_lmcache, lmc
     assert receiver["pd_peer_alloc_port"] == [5614, 5615, 5616, 5617]
 
 
-def _load(py: Path, tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+def _load(py: list[str], tmp_path: Path, text: str) -> subprocess.CompletedProcess:
     f = tmp_path / "x.lmcache.yaml"
     f.write_text("enable_pd: true\npd_role: receiver\npd_buffer_device: cuda\n" + text)
-    return subprocess.run([str(py), "-c", LOADER, str(f)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([*py, "-c", LOADER, str(f)], capture_output=True, text=True, timeout=120)
 
 
 def test_lmcaches_loader_check_sees_a_misspelt_key(lmcache_python, tmp_path):
