@@ -363,3 +363,70 @@ def _converge_rails(cluster, args: list[str]) -> None:
                    "ip -j addr show dev rail0"], log=f"83-rails-files-{host.name}", check=True)  # fmt: skip
         assert "rail0" in res.stdout and "table: 101" in res.stdout and f"{ip}/24" in res.stdout, res.stdout[-2000:]
         assert "mtu: 9000" in res.stdout and "ExecStart=" in res.stdout
+
+
+PARSE = r"""
+import json, sys
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+try:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+except ImportError:  # vLLM 0.33 moved it
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+from vllm.engine.arg_utils import AsyncEngineArgs
+out = {}
+for name, args in json.load(sys.stdin).items():
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(args)
+    ea = AsyncEngineArgs.from_cli_args(ns)
+    kv = ea.kv_transfer_config
+    out[name] = {"connector": kv.kv_connector, "role": kv.kv_role, "extra": kv.kv_connector_extra_config,
+                 "tp": ea.tensor_parallel_size, "port": ns.port}
+print(json.dumps(out))
+"""
+
+
+def _exec_args(unit: str) -> list[str]:
+    """The vLLM arguments of a rendered instance unit's ExecStart (after ``-m vllm.entrypoints.openai.api_server``)."""
+    import shlex
+
+    lines, take = [], False
+    for line in unit.splitlines():
+        if line.startswith("ExecStart="):
+            take = True
+        if take:
+            lines.append(line.rstrip("\\").strip())
+            if not line.rstrip().endswith("\\"):
+                break
+    words = shlex.split(" ".join(lines).removeprefix("ExecStart="))
+    return words[words.index("vllm.entrypoints.openai.api_server") + 1:]
+
+
+def test_vllms_own_parser_accepts_the_rendered_lmcache_and_mooncake_units(cluster, tmp_path_factory):
+    """The HGX example's units with pdinfra_connector lmcache and mooncake, rendered as in
+    tests/unit/test_serving_render.py, parsed by the node's vLLM (0.32, CPU build: parsing does not load the
+    connector). LMCache itself is not exercised (not installable with vLLM's CPU build)."""
+    sys.path.insert(0, str(REPO / "tests" / "unit"))
+    from test_serving_render import INV as HGX
+    from test_serving_render import _render
+
+    host = cluster["hosts"][0]
+    for connector, want in (("lmcache", "LMCacheConnectorV1"), ("mooncake", "MooncakeConnector")):
+        out = _render(tmp_path_factory, HGX, json.dumps({"pdinfra_connector": connector}))
+        units = {f.stem: _exec_args(f.read_text()) for f in sorted(out.glob("*.service")) if "router" not in f.name
+                 and "kv-store" not in f.name}  # fmt: skip
+        assert len(units) == 4, units
+        cmd = f"/opt/pdinfra/venv/bin/python -c {shlex_quote(PARSE)} <<'EOF'\n{json.dumps(units)}\nEOF"
+        res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), cmd], log=f"66-vllm-parses-{connector}")
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        parsed = json.loads(res.stdout.strip().splitlines()[-1])
+        for name, p in parsed.items():
+            assert p["connector"] == want and p["tp"] == 4, (name, p)
+            assert p["role"] == ("kv_producer" if "prefill" in name else "kv_consumer"), (name, p)
+        if connector == "lmcache":
+            assert parsed["hgx-h100-02-decode1"]["extra"]["skip_last_n_tokens"] == 1
+        print(connector, json.dumps(parsed))
+
+
+def shlex_quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)

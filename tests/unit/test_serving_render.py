@@ -169,8 +169,9 @@ def test_mooncake_pd_connector_on_the_local_cpu_cluster_uses_tcp(tmp_path_factor
 
 @pytest.fixture(scope="module")
 def rendered_lmcache(tmp_path_factory) -> Path:
-    """The HGX example with pdinfra_connector lmcache (rendered only: LMCache has not run here)."""
-    return _render(tmp_path_factory, INV, '{"pdinfra_connector": "lmcache"}')
+    """inventory/examples/hgx-h100-lmcache: the HGX example with pdinfra_connector lmcache (rendered only: LMCache
+    has not run here)."""
+    return _render(tmp_path_factory, REPO / "inventory" / "examples" / "hgx-h100-lmcache" / "hosts.yml")
 
 
 def test_lmcache_pd_renders_for_the_hgx_example(rendered_lmcache):
