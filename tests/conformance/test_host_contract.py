@@ -12,6 +12,7 @@ failing verdict from `pdinfra validate` on the host itself.
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -35,6 +36,30 @@ def test_serving_venv_has_the_pinned_stack(host, hv):
     assert pip["nixl"]["version"] == "1.5.1"
     assert pip["nixl-cu13"]["version"] == "1.5.1"
     assert pip["vllm-router"]["version"] == "0.1.17"
+
+
+# Prints each module source (package:relative path, from argv) that has no compiled bytecode beside it.
+BYTECODE = r"""
+import importlib.util, os, sys
+missing = []
+for arg in sys.argv[1:]:
+    name, _, rel = arg.partition(":")
+    spec = importlib.util.find_spec(name)
+    src = os.path.join(os.path.dirname(spec.origin), rel)
+    if not os.path.exists(importlib.util.cache_from_source(src)):
+        missing.append(src)
+print(" ".join(missing))
+"""
+COMPILED = ("vllm:__init__.py", "vllm:entrypoints/openai/api_server.py", "torch:__init__.py", "pdinfra:__init__.py")
+
+
+def test_serving_venv_is_compiled_to_bytecode(host):
+    """The services run unprivileged and cannot write __pycache__ in the root-owned venv: without compiled bytecode
+    every vLLM process compiles its imports at each start (twice as slow on the local nodes,
+    docs/runs/2026-12-02-bytecode). ``-B``: this check writes none itself."""
+    res = host.run(f"{VENV}/bin/python -B -c {shlex.quote(BYTECODE)} {' '.join(COMPILED)}")
+    assert res.rc == 0, res.stderr
+    assert res.stdout.strip() == "", f"no bytecode for: {res.stdout.strip()}"
 
 
 def test_cpu_hosts_have_no_torchvision_beside_torch_cpu(host, hv):

@@ -20,6 +20,7 @@ import sys
 
 import pytest
 from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, REPO, playbook, recap, run
+from render_units import HGX, render
 
 from pdinfra import testhosts
 from pdinfra.cluster.inventory import load
@@ -368,14 +369,15 @@ def _converge_rails(cluster, args: list[str]) -> None:
 PARSE = r"""
 import json, sys
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-try:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-except ImportError:  # vLLM 0.33 moved it
-    from vllm.entrypoints.common.cli_args import make_arg_parser
+try:  # where vllm.entrypoints.openai.api_server's main() takes its parser from: 0.32, then 0.33
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+except ImportError:
+    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.engine.arg_utils import AsyncEngineArgs
 out = {}
 for name, args in json.load(sys.stdin).items():
     ns = make_arg_parser(FlexibleArgumentParser()).parse_args(args)
+    validate_parsed_serve_args(ns)
     ea = AsyncEngineArgs.from_cli_args(ns)
     kv = ea.kv_transfer_config
     out[name] = {"connector": kv.kv_connector, "role": kv.kv_role, "extra": kv.kv_connector_extra_config,
@@ -404,13 +406,9 @@ def test_vllms_own_parser_accepts_the_rendered_lmcache_and_mooncake_units(cluste
     """The HGX example's units with pdinfra_connector lmcache and mooncake, rendered as in
     tests/unit/test_serving_render.py, parsed by the node's vLLM (0.32, CPU build: parsing does not load the
     connector). LMCache itself is not exercised (not installable with vLLM's CPU build)."""
-    sys.path.insert(0, str(REPO / "tests" / "unit"))
-    from test_serving_render import INV as HGX
-    from test_serving_render import _render
-
     host = cluster["hosts"][0]
     for connector, want in (("lmcache", "LMCacheConnectorV1"), ("mooncake", "MooncakeConnector")):
-        out = _render(tmp_path_factory, HGX, json.dumps({"pdinfra_connector": connector}))
+        out = render(tmp_path_factory, HGX, json.dumps({"pdinfra_connector": connector}))
         units = {f.stem: _exec_args(f.read_text()) for f in sorted(out.glob("*.service")) if "router" not in f.name
                  and "kv-store" not in f.name}  # fmt: skip
         assert len(units) == 4, units

@@ -12,92 +12,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from render_units import HGX, REPO, render
 
-from pdinfra.playbook import ansible_env
-
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-INV = REPO / "inventory" / "examples" / "hgx-h100" / "hosts.yml"
-
-PLAY = """
-- name: Resolve the cluster model as site.yml does
-  ansible.builtin.import_playbook: {repo}/playbooks/cluster.yml
-
-- name: Render the vLLM units of every instance
-  hosts: pd_cluster
-  connection: local
-  gather_facts: false
-  vars_files: ["{repo}/roles/vllm_instance/defaults/main.yml", "{repo}/roles/pd_kv_store/defaults/main.yml",
-               "{repo}/roles/pd_router/defaults/main.yml"]
-  vars:
-    ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
-  tasks:
-    - name: Unit
-      ansible.builtin.template:
-        src: "{repo}/roles/vllm_instance/templates/pdinfra-vllm.service.j2"
-        dest: "{out}/{{{{ inventory_hostname }}}}-{{{{ item.name }}}}.service"
-        mode: "0644"
-      loop: "{{{{ vllm_instance_list }}}}"
-    - name: Environment
-      ansible.builtin.template:
-        src: "{repo}/roles/vllm_instance/templates/instance.env.j2"
-        dest: "{out}/{{{{ inventory_hostname }}}}-{{{{ item.name }}}}.env"
-        mode: "0600"
-      loop: "{{{{ vllm_instance_list }}}}"
-    - name: KV store client configuration (the reuse tier)
-      ansible.builtin.template:
-        src: "{repo}/roles/vllm_instance/templates/kv-store.json.j2"
-        dest: "{out}/{{{{ inventory_hostname }}}}-{{{{ item.name }}}}.kv-store.json"
-        mode: "0644"
-      loop: "{{{{ vllm_instance_list | selectattr('kv_store') | list }}}}"
-    - name: The store master's unit
-      ansible.builtin.template:
-        src: "{repo}/roles/pd_kv_store/templates/pdinfra-kv-store.service.j2"
-        dest: "{out}/{{{{ inventory_hostname }}}}-kv-store.service"
-        mode: "0644"
-      when: pd_kv_store_here | bool
-    - name: LMCache configuration (pdinfra_connector lmcache)
-      ansible.builtin.template:
-        src: "{repo}/roles/vllm_instance/templates/lmcache.yaml.j2"
-        dest: "{out}/{{{{ inventory_hostname }}}}-{{{{ item.name }}}}.lmcache.yaml"
-        mode: "0644"
-      loop: "{{{{ vllm_instance_list if vllm_instance_connector == 'lmcache' else [] }}}}"
-    - name: The LMCache proxy's configuration
-      ansible.builtin.template:
-        src: "{repo}/roles/pd_router/templates/lmcache-proxy.json.j2"
-        dest: "{out}/{{{{ inventory_hostname }}}}-lmcache-proxy.json"
-        mode: "0644"
-      when: pdinfra_node.router is not none and pd_router_kv_connector == 'lmcache'
-    - name: The router's unit
-      ansible.builtin.template:
-        src: "{repo}/roles/pd_router/templates/pdinfra-router.service.j2"
-        dest: "{out}/{{{{ inventory_hostname }}}}-router.service"
-        mode: "0644"
-      when: pdinfra_node.router is not none
-"""
-
-
-def _render(tmp_path_factory, inventory: Path, *extra: str) -> Path:
-    out = tmp_path_factory.mktemp("units")
-    play = out / "render.yml"
-    play.write_text(PLAY.format(repo=REPO, out=out))
-    env = ansible_env()
-    args = [a for e in extra for a in ("-e", e)]
-    res = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *args, str(play)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    return out
+INV = HGX
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Path:
-    return _render(tmp_path_factory, INV)
+    return render(tmp_path_factory, INV)
 
 
 @pytest.fixture(scope="module")
 def rendered_store(tmp_path_factory) -> Path:
     """The HGX example with the KV reuse tier on (pdinfra_kv_store)."""
-    return _render(tmp_path_factory, INV, '{"pdinfra_kv_store": true}')
+    return render(tmp_path_factory, INV, '{"pdinfra_kv_store": true}')
 
 
 def test_the_reuse_tier_joins_nixl_and_the_mooncake_store_in_one_multiconnector(rendered_store):
@@ -141,7 +69,7 @@ def _kv(unit: str) -> dict:
 def test_mooncake_pd_connector_renders_for_the_hgx_example(tmp_path_factory):
     """pdinfra_connector mooncake on the GPU example: MooncakeConnector over RDMA, the prefill's bootstrap server on
     its side_channel_port, the router speaking Mooncake's protocol with that port. Rendered only: not run on GPUs."""
-    out = _render(tmp_path_factory, INV, '{"pdinfra_connector": "mooncake"}')
+    out = render(tmp_path_factory, INV, '{"pdinfra_connector": "mooncake"}')
     for name, role in (("hgx-h100-01-prefill0", "kv_producer"), ("hgx-h100-02-decode1", "kv_consumer")):
         assert _kv((out / f"{name}.service").read_text()) == {
             "kv_connector": "MooncakeConnector", "kv_role": role, "kv_buffer_device": "cuda",
@@ -160,7 +88,7 @@ def test_mooncake_pd_connector_renders_for_the_hgx_example(tmp_path_factory):
 
 
 def test_mooncake_pd_connector_on_the_local_cpu_cluster_uses_tcp(tmp_path_factory):
-    out = _render(tmp_path_factory, REPO / "inventory" / "local-mooncake" / "hosts.yml")
+    out = render(tmp_path_factory, REPO / "inventory" / "local-mooncake" / "hosts.yml")
     kv = _kv((out / "node1-prefill0.service").read_text())
     assert (kv["kv_connector"], kv["kv_buffer_device"]) == ("MooncakeConnector", "cpu")
     assert kv["kv_connector_extra_config"] == {"mooncake_protocol": "tcp"}  # vLLM's default is rdma
@@ -171,7 +99,7 @@ def test_mooncake_pd_connector_on_the_local_cpu_cluster_uses_tcp(tmp_path_factor
 def rendered_lmcache(tmp_path_factory) -> Path:
     """inventory/examples/hgx-h100-lmcache: the HGX example with pdinfra_connector lmcache (rendered only: LMCache
     has not run here)."""
-    return _render(tmp_path_factory, REPO / "inventory" / "examples" / "hgx-h100-lmcache" / "hosts.yml")
+    return render(tmp_path_factory, REPO / "inventory" / "examples" / "hgx-h100-lmcache" / "hosts.yml")
 
 
 def test_lmcache_pd_renders_for_the_hgx_example(rendered_lmcache):
@@ -209,7 +137,7 @@ def test_without_the_tier_no_instance_mentions_mooncake(rendered):
 
 
 def test_aggregated_instances_use_the_store_alone(tmp_path_factory):
-    out = _render(tmp_path_factory, REPO / "inventory" / "local-reuse" / "hosts.yml", '{"pdinfra_layout": "agg"}')
+    out = render(tmp_path_factory, REPO / "inventory" / "local-reuse" / "hosts.yml", '{"pdinfra_layout": "agg"}')
     for name in ("node1-prefill0", "node1-decode1", "node2-prefill1"):  # under agg every instance joins
         unit = (out / f"{name}.service").read_text()
         kv = json.loads(unit.split("--kv-transfer-config '")[1].split("'")[0])
