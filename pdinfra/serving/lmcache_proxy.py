@@ -57,6 +57,10 @@ class Config:
     api_key: str = ""  # sent to the instances (their --api-key)
     notify_timeout_s: float = 30.0
     request_timeout_s: float = 300.0
+    # A second listener with /metrics only, where Prometheus's router job scrapes vllm-router (its --prometheus-host
+    # and --prometheus-port): the API port is on loopback behind the gateway. None: no second listener.
+    metrics_host: str | None = None
+    metrics_port: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Config:
@@ -70,7 +74,9 @@ class Config:
         return cls(host=d["host"], port=int(d["port"]), notify_host=d["notify_host"], notify_port=int(d["notify_port"]),
                    prefill=tuple(d["prefill"]), decode=dec, api_key=d.get("api_key", ""),
                    notify_timeout_s=float(d.get("notify_timeout_s", 30.0)),
-                   request_timeout_s=float(d.get("request_timeout_s", 300.0)))  # fmt: skip
+                   request_timeout_s=float(d.get("request_timeout_s", 300.0)),
+                   metrics_host=d.get("metrics_host"),
+                   metrics_port=int(d["metrics_port"]) if d.get("metrics_port") else None)  # fmt: skip
 
 
 class ProxyError(Exception):
@@ -111,6 +117,7 @@ class Proxy:
         self._early: dict[str, int] = {}  # notifications that came before their request was registered
         self._session: Any = None
         self._runner: Any = None
+        self._metrics_runner: Any = None
         self._zmq: Any = None
         self._task: asyncio.Task | None = None
 
@@ -325,12 +332,21 @@ class Proxy:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, self.cfg.host, self.cfg.port).start()
+        if self.cfg.metrics_port:
+            metrics = web.Application()
+            metrics.router.add_get("/metrics", self._metrics)
+            self._metrics_runner = web.AppRunner(metrics, access_log=None)
+            await self._metrics_runner.setup()
+            host = self.cfg.metrics_host or self.cfg.host
+            await web.TCPSite(self._metrics_runner, host, self.cfg.metrics_port).start()
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
         if self._runner:
             await self._runner.cleanup()
+        if self._metrics_runner:
+            await self._metrics_runner.cleanup()
         if self._session:
             await self._session.close()
         if self._zmq:

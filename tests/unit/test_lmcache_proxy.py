@@ -48,12 +48,13 @@ class Stack:
     def __init__(self, tp: int = 2, notifies: bool = True, decode_up: bool = True) -> None:
         self.tp, self.notifies, self.seen = tp, notifies, {"prefill": [], "decode": []}
         self.loop = asyncio.new_event_loop()
-        self.ports = {k: free_port() for k in ("proxy", "notify", "prefill", "decode")}
+        self.ports = {k: free_port() for k in ("proxy", "notify", "prefill", "decode", "metrics")}
         dec = lp.Decoder(f"http://127.0.0.1:{self.ports['decode']}", "127.0.0.1",
                          tuple(7300 + r for r in range(tp)), tuple(7400 + r for r in range(tp)))  # fmt: skip
         self.cfg = lp.Config(host="127.0.0.1", port=self.ports["proxy"], notify_host="127.0.0.1",
                              notify_port=self.ports["notify"], prefill=(f"http://127.0.0.1:{self.ports['prefill']}",),
-                             decode=(dec,), api_key="k3y", notify_timeout_s=2.0, request_timeout_s=10)  # fmt: skip
+                             decode=(dec,), api_key="k3y", notify_timeout_s=2.0, request_timeout_s=10,
+                             metrics_host="127.0.0.1", metrics_port=self.ports["metrics"])  # fmt: skip
         self.proxy = lp.Proxy(self.cfg)
         self.decode_up = decode_up
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -222,6 +223,10 @@ def test_health_and_metrics_on_a_working_stack(stack):
     metrics = urllib.request.urlopen(stack.url + "/metrics", timeout=10).read().decode()
     assert 'pdinfra_lmcache_proxy_requests_total{outcome="ok"} 1' in metrics
     assert "pdinfra_lmcache_proxy_kv_wait_seconds_count 1" in metrics
+    # Prometheus's router job scrapes the metrics listener (vllm-router's metrics address); it serves nothing else.
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{stack.ports['metrics']}/metrics", timeout=10).read().decode()
+    assert 'pdinfra_lmcache_proxy_requests_total{outcome="ok"} 1' in scraped
+    assert post(f"http://127.0.0.1:{stack.ports['metrics']}/v1/completions", {"model": "m", "prompt": "x"})[0] == 404
 
 
 def test_config_errors_name_the_decode():

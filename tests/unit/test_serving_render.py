@@ -115,6 +115,8 @@ def test_lmcache_pd_renders_for_the_hgx_example(rendered_lmcache):
     assert "LMCACHE_CONFIG_FILE=/etc/pdinfra/instances/decode1.lmcache.yaml" in env and "PYTHONHASHSEED=0" in env
     proxy = json.loads((out / "hgx-h100-01-lmcache-proxy.json").read_text())
     assert proxy["notify_host"] == "198.18.0.11" and proxy["notify_port"] == 7500 and proxy["host"] == "127.0.0.1"
+    # Prometheus's router job scrapes the proxy where it scrapes vllm-router.
+    assert (proxy["metrics_host"], proxy["metrics_port"]) == ("198.18.0.11", 29000)
     assert proxy["decode"][1] == {"url": "http://198.18.0.12:8201", "host": "198.18.0.12",
                                   "init_ports": [5610, 5611, 5612, 5613], "alloc_ports": [5614, 5615, 5616, 5617]}
     router = (out / "hgx-h100-01-router.service").read_text()
