@@ -198,6 +198,36 @@ tests:
           - exp_labels: {severity: warning, pd_instance: decode1}
             exp_annotations:
               summary: "decode1: 3 failed NIXL transfers in 5m"
+  # decode0 computes 80 of every 100 prompt tokens itself from 0 s on (KV does not arrive); decode1 takes them all
+  # from the transfer. The alert fires for decode0 once that has lasted the probe's 1 m, never for decode1.
+  - interval: 15s
+    input_series:
+      - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode0",source="local_compute"}'
+        values: '0+80x20'
+      - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode0",source="external_kv_transfer"}'
+        values: '0+20x20'
+      - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode1",source="local_compute"}'
+        values: '0x20'
+      - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode1",source="external_kv_transfer"}'
+        values: '0+100x20'
+    promql_expr_test:
+      - expr: pdinfra:decode_local_prompt_tokens:ratio
+        eval_time: 3m
+        exp_samples:
+          - labels: 'pdinfra:decode_local_prompt_tokens:ratio{pd_instance="decode0"}'
+            value: 0.8
+          - labels: 'pdinfra:decode_local_prompt_tokens:ratio{pd_instance="decode1"}'
+            value: 0
+    alert_rule_test:
+      - eval_time: 30s
+        alertname: PdinfraDecodeComputesPrompts
+        exp_alerts: []
+      - eval_time: 3m
+        alertname: PdinfraDecodeComputesPrompts
+        exp_alerts:
+          - exp_labels: {severity: warning, pd_instance: decode0}
+            exp_annotations:
+              summary: "decode0 computed 80% of its prompt tokens itself: KV from the prefill does not arrive (nixl)"
   # A decode read blocks the prefill had released: critical at once.
   - interval: 15s
     input_series:
