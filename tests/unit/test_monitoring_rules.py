@@ -204,11 +204,13 @@ tests:
     input_series:
       - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode0",source="local_compute"}'
         values: '0+80x20'
-      - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode0",source="external_kv_transfer"}'
+      - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode0",
+                 source="external_kv_transfer"}'
         values: '0+20x20'
       - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode1",source="local_compute"}'
         values: '0x20'
-      - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode1",source="external_kv_transfer"}'
+      - series: 'vllm:prompt_tokens_by_source_total{pd_role="decode",pd_instance="decode1",
+                 source="external_kv_transfer"}'
         values: '0+100x20'
     promql_expr_test:
       - expr: pdinfra:decode_local_prompt_tokens:ratio
