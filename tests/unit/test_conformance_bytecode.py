@@ -8,8 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
-from test_host_contract import BYTECODE  # noqa: E402
+from conformance.test_host_contract import BYTECODE  # tests/ is on the path (tests/conftest.py)
 
 
 def _check(tmp_path: Path) -> str:
