@@ -13,179 +13,42 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, on, recap, run
+from e2e_helpers import (
+    BIN,
+    E2E_MARKS,
+    INSTANCES,
+    INV,
+    LOG_DIR,
+    PROMPTS,
+    REQUEST_TIMEOUT_S,
+    RESULTS,
+    ROUTER,
+    ROUTER_METRICS,
+    Load,
+    alert_firing,
+    api_key,
+    complete,
+    connects,
+    counter,
+    get,
+    healthy,
+    node,
+    on,
+    recap,
+    router_health,
+    run,
+    wait_until,
+)
 
 from pdinfra import testhosts
-from pdinfra.serving import smoke
 from pdinfra.testhosts import nspawn
 
 pytestmark = E2E_MARKS
-
-ROUTER = "http://198.18.0.11:8000"
-ROUTER_METRICS = "http://198.18.0.11:29000/metrics"
-PROMETHEUS = "http://198.18.0.11:9090"
-INSTANCES = {"prefill0": "http://198.18.0.11:8100", "decode1": "http://198.18.0.11:8201",
-             "decode0": "http://198.18.0.12:8200"}  # fmt: skip
-MODEL = "pdinfra-tiny-llama"
-PROMPTS = [
-    "The prefill instance computes the key-value cache of the whole prompt and",
-    "A decode instance reads the blocks it needs over NIXL, then generates",
-    "When one decode instance dies, the router sends the next requests to",
-    "Bounded timeouts mean that no request through the router ever waits for",
-]
-REQUEST_TIMEOUT_S = 60  # the client's bound; a request this long counts as hung
-# The prefill's count of decode reads that came after it had released the blocks (vLLM reports them as done)
-AFTER_RELEASE = "vllm:nixl_num_notifications_after_expiry_total"
-RESULTS = LOG_DIR / "reliability.json"
-
-
-def api_key() -> str:
-    return nspawn.api_key_file().read_text().strip()
-
-
-def post(url: str, body: dict, key: str | None, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, dict | str]:
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")[:300]
-
-
-def complete(url: str, prompt: str, key: str | None, max_tokens: int = 8) -> tuple[int, dict | str]:
-    return post(url + "/v1/completions",
-                {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, key)  # fmt: skip
-
-
-def get(url: str, timeout: float = 3) -> str:
-    return smoke.get_text(url, timeout=timeout)
-
-
-def healthy(url: str) -> bool:
-    try:
-        return get(url + "/health") is not None
-    except OSError:
-        return False
-
-
-def counter(url: str, name: str) -> float:
-    """A counter of an instance's /metrics, summed over labels; -1 while the instance does not answer."""
-    try:
-        return smoke.metric(smoke.parse_metrics(get(url + "/metrics")), name)
-    except OSError:
-        return -1.0
-
-
-def router_health(worker_url: str) -> float | None:
-    """vllm_router_worker_health{worker=URL} (1 healthy, 0 not), None when the router does not export it."""
-    try:
-        text = get(ROUTER_METRICS)
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("vllm_router_worker_health") and f'"{worker_url}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
-def alert_firing(name: str, instance: str) -> bool | None:
-    """Whether Prometheus (pd_monitoring) has alert NAME firing for pd_instance INSTANCE; None if it cannot say."""
-    try:
-        data = json.loads(get(PROMETHEUS + "/api/v1/alerts"))
-    except (OSError, ValueError):
-        return None
-    return any(a["labels"].get("alertname") == name and a["labels"].get("pd_instance") == instance
-               and a["state"] == "firing" for a in data["data"]["alerts"])  # fmt: skip
-
-
-def node(cluster, name: str) -> testhosts.TestHost:
-    return next(h for h in cluster["hosts"] if h.name == name)
-
-
-# ----------------------------------------------------------------------------- load and fault timing
-@dataclass
-class Rec:
-    t0: float
-    t1: float
-    prompt: int
-    ok: bool
-    text: str = ""
-    error: str = ""
-    rid: str = ""  # the response id: vllm-router's names the prefill and decode addresses
-    finish: str = ""
-
-
-@dataclass
-class Load:
-    """A bounded closed-loop load: ``clients`` threads, one greedy completion after another through the router."""
-
-    key: str
-    refs: list[str]
-    clients: int = 3
-    prompts: list[str] = field(default_factory=lambda: PROMPTS)  # refs[i] is the answer to prompts[i]
-    recs: list[Rec] = field(default_factory=list)
-    after_release: float | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
-
-    def _worker(self, k: int) -> None:
-        i = k
-        while not self._stop.is_set():
-            p = i % len(self.prompts)
-            t0 = time.monotonic()
-            try:
-                status, out = complete(ROUTER, self.prompts[p], self.key)
-                answered = status == 200 and isinstance(out, dict)
-                # a 200 whose finish_reason is "abort" (vLLM's engine stopping on SIGTERM) is a failure, not an answer
-                unfinished = smoke.not_finished(out) if answered else None
-                finish = str(out["choices"][0].get("finish_reason")) if answered else ""
-                ok = answered and unfinished is None
-                error = "" if ok else f"HTTP 200 finish_reason={finish}" if answered else f"HTTP {status}: {out}"[:130]
-                rec = Rec(t0, time.monotonic(), p, ok, out["choices"][0]["text"] if answered else "", error,
-                          out.get("id", "") if answered else "", finish)  # fmt: skip
-            except (OSError, ValueError, KeyError) as exc:
-                rec = Rec(t0, time.monotonic(), p, False, error=f"{type(exc).__name__}: {exc}")
-            self.recs.append(rec)
-            if not rec.ok:
-                time.sleep(0.2)  # a failing router answers at once: do not spin
-            i += 1
-
-    def __enter__(self) -> Load:
-        self.after_release = counter(INSTANCES["prefill0"], AFTER_RELEASE)
-        for k in range(self.clients):
-            t = threading.Thread(target=self._worker, args=(k,), daemon=True)
-            t.start()
-            self._threads.append(t)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=REQUEST_TIMEOUT_S + 5)
-        end = counter(INSTANCES["prefill0"], AFTER_RELEASE)
-        # reads of released KV blocks the prefill saw during the load (None: it restarted or did not answer)
-        self.after_release = end - self.after_release if end >= self.after_release >= 0 else None
-
-
-def wait_until(pred, timeout: float, step: float = 0.25) -> float | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return time.monotonic()
-        time.sleep(step)
-    return None
-
 
 @dataclass
 class FaultReport:
@@ -349,10 +212,6 @@ def test_key_files_are_root_only_and_the_key_is_never_logged(cluster):
 
 
 # ----------------------------------------------------------------------------- closed ports
-def _connects(ip: str, port: int, netns: str, timeout: float = 2.0) -> bool:
-    code = (f"import socket,sys\ns=socket.socket()\ns.settimeout({timeout})\n"
-            f"sys.exit(0 if s.connect_ex(('{ip}',{port}))==0 else 1)")  # fmt: skip
-    return subprocess.run(["ip", "netns", "exec", netns, "python3", "-c", code], timeout=timeout + 5).returncode == 0
 
 
 def test_only_the_router_port_answers_from_outside_the_cluster(cluster):
@@ -382,12 +241,12 @@ def test_only_the_router_port_answers_from_outside_the_cluster(cluster):
     nspawn._setup_bridge(outside)
     nspawn._setup_netns(outside)
     try:
-        assert _connects("198.18.0.11", 8000, outside.netns), "the router port must answer clients"
+        assert connects("198.18.0.11", 8000, outside.netns), "the router port must answer clients"
         closed = [("198.18.0.11", p) for p in (8100, 5600, 8201, 5611, 29000, 9090, 9100, ucx_ports["node1"][0])]
         closed += [("198.18.0.12", p) for p in (8200, 5610, 9100, ucx_ports["node2"][0])]
         closed += [(ip, eph_ports[n][0]) for n, ip in (("node1", "198.18.0.11"), ("node2", "198.18.0.12"))
                    if eph_ports[n]]  # fmt: skip
-        answered = [f"{ip}:{p}" for ip, p in closed if _connects(ip, p, outside.netns)]
+        answered = [f"{ip}:{p}" for ip, p in closed if connects(ip, p, outside.netns)]
         assert not answered, f"answered a host outside the cluster: {answered}"
         # The same ports answer a cluster peer (node2 -> node1) and the controller (pdinfra_admin_networks).
         res = on(node(cluster, "node2"), "python3 -c \"import socket; s=socket.create_connection(('198.18.0.11', "

@@ -13,14 +13,28 @@ Not exercised: RDMA (protocol rdma), GPU memory segments, the store's eviction u
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import statistics
 import time
 
 import pytest
-from e2e_helpers import E2E_MARKS, LOG_DIR, REPO, on, up_overlay
-from test_reliability import REQUEST_TIMEOUT_S, Load, api_key, complete, healthy, wait_until
+from e2e_helpers import (
+    E2E_MARKS,
+    LOG_DIR,
+    LOOPBACK,
+    REPO,
+    REQUEST_TIMEOUT_S,
+    TEST_NET,
+    Load,
+    api_key,
+    complete,
+    endpoint_ip,
+    healthy,
+    on,
+    sockets,
+    up_overlay,
+    wait_until,
+)
 
 from pdinfra.cluster.inventory import load_cluster
 from pdinfra.serving import smoke
@@ -30,8 +44,6 @@ pytestmark = E2E_MARKS
 REUSE_INV = REPO / "inventory" / "local-reuse" / "hosts.yml"
 ROUTER = "http://198.18.0.11:8000"
 MASTER_METRICS = "http://198.18.0.11:9003/metrics"
-TEST_NET = ipaddress.ip_network("198.18.0.0/15")
-LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 @pytest.fixture(scope="module")
@@ -85,31 +97,6 @@ def test_store_loads_are_faster_than_computing_the_prompt(tier):
     assert statistics.median(reuse) < statistics.median(cold)
 
 
-def _sockets(host, log: str) -> list[tuple[str, str, str, str]]:
-    """(state, local address, peer address, process) of every TCP socket on a node (ss -tanp)."""
-    out = on(host, "ss -Htanp", log=log, check=True).stdout
-    rows = []
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) < 5:
-            continue
-        proc = re.search(r'users:\(\("([^"]+)"', line)
-        rows.append((parts[0], parts[3], parts[4], proc.group(1) if proc else ""))
-    return rows
-
-
-def _ip(endpoint: str) -> ipaddress.IPv4Address | None:
-    """The IPv4 address of "a.b.c.d:port" or "[::ffff:a.b.c.d]:port"; None for a wildcard or anything else."""
-    host = endpoint.rsplit(":", 1)[0].strip("[]")
-    try:
-        ip = ipaddress.ip_address(host.split("%")[0])
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address):
-        ip = ip.ipv4_mapped
-    return None if ip is None or ip.is_unspecified else ip
-
-
 def test_mooncake_traffic_stays_on_the_test_hosts_addresses(tier):
     """Where the tier's sockets are, on both nodes (ss -tanp):
     - the master listens on node1's serving address only (RPC 50051, metrics 9003);
@@ -119,24 +106,24 @@ def test_mooncake_traffic_stays_on_the_test_hosts_addresses(tier):
     - Mooncake's own listeners in the instances (handshake and TCP transport) bind every address whatever they are
       told (hard-coded in Mooncake 0.3.13): they must lie in pdinfra_kv_store_port_range, which the firewall opens
       to cluster peers only, and a host outside the cluster must not reach them."""
-    from test_reliability import _connects
+    from e2e_helpers import connects
 
     from pdinfra.testhosts import nspawn
 
-    rows = {h.name: _sockets(h, f"r2-ss-{h.name}") for h in tier["hosts"]}
+    rows = {h.name: sockets(h, f"r2-ss-{h.name}") for h in tier["hosts"]}
     master = [r for r in rows["node1"] if r[3] == "mooncake_master"]
     assert {r[1] for r in master if r[0] == "LISTEN"} == {"198.18.0.11:50051", "198.18.0.11:9003"}, master
     to_master, wildcard = 0, []
-    for name, sockets in rows.items():
-        for state, local, peer, proc in sockets:
+    for name, socks in rows.items():
+        for state, local, peer, proc in socks:
             if state == "LISTEN":
-                if _ip(local) is None and proc not in ("sshd", "nginx"):
+                if endpoint_ip(local) is None and proc not in ("sshd", "nginx"):
                     wildcard.append((name, int(local.rsplit(":", 1)[1]), proc))
                 continue
             if state != "ESTAB":
                 continue
             for end in (local, peer):
-                ip = _ip(end)
+                ip = endpoint_ip(end)
                 assert ip is not None and (ip in TEST_NET or ip in LOOPBACK), (name, local, peer, proc)
             if peer == "198.18.0.11:50051":
                 to_master += 1
@@ -151,9 +138,9 @@ def test_mooncake_traffic_stays_on_the_test_hosts_addresses(tier):
     nspawn._setup_netns(outside)
     try:
         ips = {"node1": "198.18.0.11", "node2": "198.18.0.12"}
-        answered = [w for w in wildcard if _connects(ips[w[0]], w[1], outside.netns)]
+        answered = [w for w in wildcard if connects(ips[w[0]], w[1], outside.netns)]
         assert not answered, f"Mooncake listeners answered a host outside the cluster: {answered}"
-        assert not _connects("198.18.0.11", 50051, outside.netns), "the master answered a host outside the cluster"
+        assert not connects("198.18.0.11", 50051, outside.netns), "the master answered a host outside the cluster"
     finally:
         nspawn._teardown_netns(outside)
 

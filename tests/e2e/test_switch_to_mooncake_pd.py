@@ -16,8 +16,19 @@ from __future__ import annotations
 import re
 
 import pytest
-from e2e_helpers import E2E_MARKS, LOG_DIR, REPO, on, playbook, recap, up_overlay
-from test_reuse_tier import LOOPBACK, TEST_NET, _ip, _sockets
+from e2e_helpers import (
+    E2E_MARKS,
+    LOG_DIR,
+    LOOPBACK,
+    REPO,
+    TEST_NET,
+    endpoint_ip,
+    on,
+    playbook,
+    recap,
+    sockets,
+    up_overlay,
+)
 
 from pdinfra.cluster.inventory import load_cluster
 from pdinfra.serving import mooncake_cpu, probe
@@ -92,17 +103,17 @@ def test_mooncake_traffic_stays_on_the_test_hosts_addresses(mooncake):
       listeners bind every address (hard-coded in Mooncake 0.3.13) in pdinfra_kv_store_port_range; no other
       wildcard listener belongs to vLLM;
     - a host outside the cluster reaches none of them (the firewall opens them to cluster peers only)."""
-    from test_reliability import _connects
+    from e2e_helpers import connects
 
     from pdinfra.testhosts import nspawn
 
     lo, hi = (int(x) for x in mooncake["cluster"].mooncake_ports.split("-"))
-    rows = {h.name: _sockets(h, f"m4-ss-{h.name}") for h in mooncake["hosts"]}
+    rows = {h.name: sockets(h, f"m4-ss-{h.name}") for h in mooncake["hosts"]}
     wildcard, stray = [], []
-    for name, sockets in rows.items():
-        for state, local, peer, proc in sockets:
+    for name, socks in rows.items():
+        for state, local, peer, proc in socks:
             if state == "LISTEN":
-                if _ip(local) is None and proc not in ("sshd", "nginx"):
+                if endpoint_ip(local) is None and proc not in ("sshd", "nginx"):
                     port = int(local.rsplit(":", 1)[1])
                     wildcard.append((name, port, proc))
                     if not (lo <= port <= hi or (name, port) == ("node1", 5600)):
@@ -110,7 +121,7 @@ def test_mooncake_traffic_stays_on_the_test_hosts_addresses(mooncake):
                 continue
             if state == "ESTAB":
                 for end in (local, peer):
-                    ip = _ip(end)
+                    ip = endpoint_ip(end)
                     assert ip is not None and (ip in TEST_NET or ip in LOOPBACK), (name, local, peer, proc)
     assert ("node1", 5600) in {(n, p) for n, p, _ in wildcard}, f"no bootstrap server on node1:5600: {wildcard}"
     assert not stray, f"wildcard listeners outside the bootstrap port and {lo}-{hi}: {stray}"
@@ -120,7 +131,7 @@ def test_mooncake_traffic_stays_on_the_test_hosts_addresses(mooncake):
     nspawn._setup_netns(outside)
     try:
         ips = {"node1": "198.18.0.11", "node2": "198.18.0.12"}
-        answered = [w for w in wildcard if _connects(ips[w[0]], w[1], outside.netns)]
+        answered = [w for w in wildcard if connects(ips[w[0]], w[1], outside.netns)]
         assert not answered, f"listeners answered a host outside the cluster: {answered}"
     finally:
         nspawn._teardown_netns(outside)

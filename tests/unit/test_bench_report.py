@@ -120,6 +120,7 @@ def _chromium() -> str | None:
     return shutil.which("chromium")
 
 
+@pytest.mark.slow  # installs Chromium from apt where it is missing
 def test_html_report_renders_in_headless_chromium(report, tmp_path):
     chromium = _chromium()
     if not chromium:

@@ -286,7 +286,10 @@ def _recap(output: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
 
 
-pytestmark_ansible = pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not in the venv")
+def pytestmark_ansible(fn):
+    """Runs ansible-playbook: the slow unit tier (``./pd test``, not ``./pd check``)."""
+    fn = pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-playbook not in the venv")(fn)
+    return pytest.mark.slow(fn)
 
 
 @pytestmark_ansible

@@ -22,7 +22,10 @@ LOCAL = REPO / "inventory" / "local" / "hosts.yml"
 GPU = REPO / "inventory" / "examples" / "hgx-h100" / "hosts.yml"
 PROMTOOL = shutil.which("promtool")
 
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian's prometheus; ./pd test installs it)")
+pytestmark = [
+    pytest.mark.slow,  # needs Debian's promtool, which ./pd test installs (./pd check installs nothing)
+    pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian's prometheus; ./pd test installs it)"),
+]
 
 PLAY = """
 - name: Resolve the cluster model as site.yml does

@@ -15,6 +15,8 @@ import pytest
 from render_units import HGX, REPO, render
 
 INV = HGX
+# Every test here renders through Ansible (tens of seconds a fixture): the slow unit tier.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,8 @@ from pdinfra.playbook import ansible_env
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+# Each test runs ansible-playbook or pdinfra check-config as a process: the slow unit tier.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture()

@@ -404,6 +404,7 @@ def test_peer_session_speaks_to_a_target_started_by_a_command():
     assert not [r for r in results if r.verdict == "fail"], results
 
 
+@pytest.mark.slow  # waits for the peer command's bounded start-up time
 def test_peer_session_with_a_broken_command_fails_with_the_reason():
     import sys
 
