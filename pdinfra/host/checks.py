@@ -1010,6 +1010,33 @@ def ucx_env(facts: Facts, expect: Expect) -> Outcome:
 # --------------------------------------------------------------------------- serving layer
 
 
+@check("serving.toolchain", "The compilers vLLM calls at run time are installed (inductor, Triton)", "serving")
+def serving_toolchain(facts: Facts, expect: Expect) -> Outcome:
+    """vLLM compiles kernels on first use: on CPU torch inductor's C++ backend (the sampler's logprobs path) with
+    g++, on GPU Triton's launcher with a C compiler and Python.h. Without them the first such request kills the
+    engine (EngineDeadError), not just the request."""
+    tc = facts.get("toolchain") or {}
+    if not tc.get("known"):
+        return warn("compilers not recorded for this host (no pdinfra-cmd/g___--version.txt or gcc_--version.txt)",
+                    "Gather facts on the host itself (`pdinfra validate` there) to see its compilers.")  # fmt: skip
+    compilers = tc.get("compilers") or {}
+    have = {k: v for k, v in compilers.items() if v}
+    seen = ", ".join(f"{k}: {v}" for k, v in sorted(have.items())) or "no g++, no gcc"
+    headers = tc.get("python_headers") or []
+    cpu = expect.role == "cpu"
+    need, who = ("g++", "torch inductor (vLLM CPU's sampler: logprobs)") if cpu else ("gcc", "Triton's launcher")
+    problems = []
+    if not have.get(need):
+        problems.append(f"{seen}: {who} compiles with {need} at the first such request; without it the engine dies")
+    if not headers:
+        problems.append(f"no Python.h under /usr/include/python3*: {who} includes it")
+    if problems:
+        pkgs = "g++ python3-dev" if cpu else "gcc python3-dev"
+        return fail("; ".join(problems), f"Install {pkgs} from the distribution (pd_runtime installs "
+                    f"pd_runtime_compiler_packages; `apt-get install {pkgs}`).")  # fmt: skip
+    return ok(f"{need} for {who}: {have[need]}; {headers[0]}")
+
+
 @check("serving.health", "vLLM instances answer /health", "serving")
 def serving_health(facts: Facts, expect: Expect) -> Outcome:
     instances = facts.get("instances") or []

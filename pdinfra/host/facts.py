@@ -861,6 +861,11 @@ def _probe(port: int, host: str = "127.0.0.1") -> str:
         return f"unreachable: {_err(exc)}"
 
 
+# Files the vllm_instance role writes beside the instance descriptors (<name>.json) that are not descriptors: the KV
+# reuse tier's store client file (LMCache's are .yaml).
+NOT_DESCRIPTORS = (".kv-store.json",)
+
+
 def instances(host: Host) -> list[dict[str, Any]]:
     recorded: dict[str, Any] = {}
     if not host.live:
@@ -870,6 +875,8 @@ def instances(host: Host) -> list[dict[str, Any]]:
             recorded = {}
     result = []
     for path in sorted(glob.glob(host.path("etc/pdinfra/instances/*.json"))):
+        if path.endswith(NOT_DESCRIPTORS):  # the files vllm_instance writes beside each descriptor
+            continue
         rel = "/" + os.path.relpath(path, host.root)
         try:
             with open(path, encoding="utf-8") as fh:
@@ -899,6 +906,28 @@ def instances(host: Host) -> list[dict[str, Any]]:
             )
         result.append(inst)
     return result
+
+
+# What vLLM's run-time compilers call: torch inductor's C++ backend (vLLM CPU: the sampler's logprobs kernels) looks
+# for g++ (torch._inductor.config.cpp.cxx), Triton (vLLM GPU) for a C compiler (gcc/cc) and Python.h for its launcher.
+TOOLCHAIN_COMMANDS = ("g++", "gcc")
+
+
+def toolchain(host: Host) -> dict[str, Any]:
+    """The compilers and Python headers on this host. ``known`` is False for a recorded tree without a record of them
+    (``pdinfra-cmd/g___--version.txt`` and ``gcc_--version.txt``, empty when the command was not installed)."""
+    compilers: dict[str, str | None] = {}
+    recorded = host.live
+    for name in TOOLCHAIN_COMMANDS:
+        found, out = host.run([name, "--version"])
+        if not host.live and host.exists(f"{CMD_DIR}/{command_file_name([name, '--version'])}"):
+            recorded = True
+        first = out.strip().splitlines()[0] if found and out.strip() else ""
+        compilers[name] = first if first and not first.startswith("error:") else None
+    headers = sorted(
+        "/" + os.path.relpath(p, host.root) for p in glob.glob(host.path("usr/include/python3*/Python.h"))
+    )
+    return {"known": recorded, "compilers": compilers, "python_headers": headers}
 
 
 PROBE_DIR = "var/lib/pdinfra/probe"
@@ -983,6 +1012,7 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
         "roce_qos": section("roce_qos", lambda: _all_qos(host, rdma_facts), {}),
         "netdevs": section("netdevs", lambda: netdevs(host), {"interfaces": {}}),
         "ucx": section("ucx", lambda: ucx(host), {"available": False, "transports": {}}),
+        "toolchain": section("toolchain", lambda: toolchain(host), {"known": False, "compilers": {}}),
         "instances": section("instances", lambda: instances(host), []),
         "expect": section("expect", lambda: declared_expect(host), None),
         "deep_health": section("deep_health", lambda: deep_health(host), {"deployed": False}),

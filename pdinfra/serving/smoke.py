@@ -298,6 +298,51 @@ def reuse_proof(ep: Endpoints, timeout: float = 300, wait_s: float = 10.0) -> tu
 
 
 # ----------------------------------------------------------------------------- the smoke run
+CHAT_PROOF = "chat completion through the router"
+LOGPROBS_PROOF = "logprobs through the router (vLLM's compiled sampler path)"
+
+
+def chat_proof(ep: Endpoints, max_tokens: int = 16, timeout: float = 300) -> Proof:
+    """/v1/chat/completions, the endpoint most clients use: the model needs a chat template (the tokenizer's or
+    pdinfra_chat_template), else vLLM answers 400."""
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": PROMPT}]
+    body = {"model": ep.model, "max_tokens": max_tokens, "temperature": 0, "seed": 0, "messages": messages}
+    try:
+        out = post_json(ep.router + "/v1/chat/completions", body, ep.api_key, timeout)
+        msg = out["choices"][0]["message"]
+        n = int(out.get("usage", {}).get("completion_tokens", 0))
+        ok = out.get("object") == "chat.completion" and msg.get("role") == "assistant" and n > 0
+        return Proof(CHAT_PROOF, ok, f"{n} tokens, role {msg.get('role')!r}: {str(msg.get('content'))[:60]!r}")
+    except urllib.error.HTTPError as exc:
+        return Proof(CHAT_PROOF, False, f"HTTP {exc.code}: {_body(exc)[:300]}")
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        return Proof(CHAT_PROOF, False, f"{type(exc).__name__}: {exc}")
+
+
+def logprobs_proof(ep: Endpoints, timeout: float = 300) -> Proof:
+    """A completion with logprobs: vLLM's sampler compiles its logprobs kernels on first use (torch inductor on
+    CPU, Triton on GPU); a node without the compiler loses its engine on this request (serving.toolchain)."""
+    body = {"model": ep.model, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    try:
+        out = post_json(ep.router + "/v1/completions", body, ep.api_key, timeout)
+        lp = out["choices"][0].get("logprobs") or {}
+        tops = lp.get("top_logprobs") or []
+        ok = len(lp.get("tokens") or []) == len(tops) > 0 and all(isinstance(t, dict) and t for t in tops)
+        return Proof(LOGPROBS_PROOF, ok, f"{len(tops)} tokens with top-{max((len(t) for t in tops), default=0)} "
+                     f"logprobs, first {lp.get('token_logprobs', [None])[0]}")  # fmt: skip
+    except urllib.error.HTTPError as exc:
+        return Proof(LOGPROBS_PROOF, False, f"HTTP {exc.code}: {_body(exc)[:300]}")
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        return Proof(LOGPROBS_PROOF, False, f"{type(exc).__name__}: {exc}")
+
+
+def _body(exc: urllib.error.HTTPError) -> str:
+    try:
+        return exc.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str = "pd") -> SmokeResult:
     """The smoke proofs; in the aggregated layout (no KV connector) the KV-transfer proof does not apply."""
     res = SmokeResult(endpoints=ep)
@@ -364,6 +409,13 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
     except (OSError, KeyError, ValueError) as exc:  # URLError, resets and timeouts are OSErrors
         res.proofs.append(Proof("greedy P->D output equals the decode instance's own", False, str(exc)))
     res.seconds["direct"] = round(time.monotonic() - t0, 3)
+
+    t0 = time.monotonic()
+    res.proofs.append(chat_proof(ep, max_tokens, timeout))
+    res.seconds["chat"] = round(time.monotonic() - t0, 3)
+    t0 = time.monotonic()
+    res.proofs.append(logprobs_proof(ep, timeout))
+    res.seconds["logprobs"] = round(time.monotonic() - t0, 3)
 
     if ep.store_pair:
         t0 = time.monotonic()

@@ -36,6 +36,21 @@ CONFIG = {
 }
 VOCAB_SIZE = 4096
 SPECIALS = ["<unk>", "<s>", "</s>"]
+# The tokenizer is ours, so its chat template is too: plain "Role: text" turns (no new special tokens, so the
+# vocabulary and the KV geometry stay as they are), an assistant turn closed by </s>, and the generation prompt
+# "Assistant:". vLLM's /v1/chat/completions refuses a tokenizer without one ("default chat template is no longer
+# allowed"). List-of-parts content (the OpenAI format) is joined from its text parts.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['content'] is string %}{% set text = message['content'] %}"
+    "{% else %}{% set text = message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text')"
+    " | join(' ') %}{% endif %}"
+    "{{ message['role'] | capitalize }}: {{ text }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
 
 _TOPICS = [
     "prefill", "decode", "KV cache", "NIXL", "UCX", "NVLink", "NVSwitch", "RoCEv2", "PCIe", "GPU",
@@ -66,7 +81,7 @@ def corpus() -> list[str]:
 
 
 def _fingerprint() -> str:
-    blob = json.dumps([CONFIG, VOCAB_SIZE, SPECIALS, corpus()], sort_keys=True).encode()
+    blob = json.dumps([CONFIG, VOCAB_SIZE, SPECIALS, corpus(), CHAT_TEMPLATE], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -101,6 +116,7 @@ def build(dest: Path) -> Path:
                 "model_max_length": CONFIG["max_position_embeddings"],
                 "add_bos_token": True,
                 "clean_up_tokenization_spaces": False,
+                "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
         )

@@ -38,7 +38,10 @@ BASE_PACKAGES = (
     "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less,nftables,nginx-light,prometheus,"
     "prometheus-node-exporter,"
     # Mooncake's wheels (the KV reuse tier, pdinfra_kv_store) link libibverbs even without RDMA hardware.
-    "libibverbs1"
+    "libibverbs1,"
+    # vLLM's CPU sampler compiles kernels with torch inductor at run time (logprobs): it needs a C++ compiler and
+    # Python.h (pd_runtime_compiler_packages; the local nodes have no package mirror, so the image carries them).
+    "g++,python3-dev"
 )
 BRIDGE = "pdbr0"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))

@@ -33,7 +33,8 @@ def test_up_ends_with_a_passing_smoke_summary(cluster):
     assert "pdinfra smoke: router" in text
     summary = text[text.rindex("pdinfra smoke: router") :]  # the last table: the one `pdinfra up` ends with
     verdicts = re.findall(r"│ (PASS|FAIL)\s+│", summary)
-    assert verdicts == ["PASS"] * 4, summary[-3000:]
+    # completion, streaming, KV moved, greedy equality, chat, logprobs
+    assert verdicts == ["PASS"] * 6, summary[-3000:]
     assert "pdinfra up: done in" in summary
 
 
@@ -49,6 +50,8 @@ def test_smoke_proves_kv_moved_across_the_two_nodes(cluster):
     moved = re.search(r"\+(\d+) NIXL transfers, \+(\d+) bytes, \+(\d+) failed", kv["evidence"])
     assert moved and int(moved.group(1)) >= 2 and int(moved.group(2)) > 0 and int(moved.group(3)) == 0
     assert proofs["greedy P->D output equals the decode instance's own"]["ok"]
+    assert proofs["chat completion through the router"]["ok"], proofs["chat completion through the router"]
+    assert proofs["logprobs through the router (vLLM's compiled sampler path)"]["ok"]
     # A decode instance is on the other node: the KV crossed the bridge (round robin sends the two requests to
     # decode1 on node1 and decode0 on node2).
     ep = result["endpoints"]

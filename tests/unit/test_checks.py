@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ EXPECTED_FAILS = {
     "bad-roce-qos": {"rdma.qos"},
     "bad-nic-link": {"rdma.speed", "rdma.pcie"},
     "bad-ucx-env": {"ucx.env"},
+    "bad-no-compiler": {"serving.toolchain"},  # no gcc, no g++, no Python.h: Triton cannot build its launcher
 }
 
 
@@ -87,6 +89,7 @@ def test_recorded_h200x2_warns_only_about_what_the_recording_lacks() -> None:
         "gpu.pci_count",  # the recording kept the GPUs' PCI class and link files, not their vendor files
         "os.secure_boot",  # nor /sys/firmware: unknown, not "legacy boot"
         "driver.cuda_version",  # nor the CUDA driver version
+        "serving.toolchain",  # nor its compilers (recorded before serving.toolchain existed)
     }
     assert results["gpu.fabric_manager"].verdict == C.PASS
     assert "managed outside" in results["gpu.fabric_manager"].evidence
@@ -339,3 +342,19 @@ def test_undeclared_roce_ports_are_judged_at_warn_level():
     assert good["rdma.roce_v2_gid"].verdict == C.PASS and good["rdma.mtu"].verdict == C.PASS
     mtu = {r.id: r for r in C.run_checks(gather(str(HOSTS / "bad-mtu-mismatch")), C.Expect(role="gpu"))}["rdma.mtu"]
     assert mtu.verdict == C.WARN and "differ in MTU" in mtu.evidence
+
+
+def test_a_healthy_reuse_tier_node_has_no_failure(tmp_path) -> None:
+    """The KV reuse tier writes each instance's Mooncake store client file beside its descriptor
+    (/etc/pdinfra/instances/<name>.kv-store.json): it is not an instance ("no port", "model differs ... null")."""
+    root = tmp_path / "reuse-node"
+    shutil.copytree(HOSTS / "hgx-h100-8gpu-8roce", root, symlinks=True)
+    for name in ("prefill", "decode"):
+        (root / "etc/pdinfra/instances" / f"{name}.kv-store.json").write_text(json.dumps({
+            "metadata_server": "P2PHANDSHAKE", "master_server_address": "198.18.0.11:50051", "protocol": "rdma",
+            "device_name": "mlx5_0", "global_segment_size": 17179869184, "local_buffer_size": 4294967296}))  # fmt: skip
+    facts = gather(str(root))
+    assert sorted(i["name"] for i in facts["instances"]) == ["decode", "prefill"]
+    results = {r.id: r for r in C.run_checks(facts)}
+    assert [i for i, r in results.items() if r.verdict == C.FAIL] == []
+    assert results["serving.health"].verdict == results["serving.pd_consistency"].verdict == C.PASS

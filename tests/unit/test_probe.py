@@ -183,3 +183,19 @@ def test_the_startup_watchdog_waits_for_health_and_gives_up_at_its_deadline(stac
     router.server.server_close()
     assert not wait_health.wait(router.url, 1.0, interval_s=0.2)  # refused: not ready, and it stops in time
     assert wait_health.main(["only-one-argument"]) == 2
+
+
+def test_the_startup_warm_up_sends_the_compiled_paths_with_the_instances_key(stack, monkeypatch, capsys):
+    """--warmup: after /health, a logprobs and a sampled completion (the kernels vLLM compiles on first use) with the
+    instance's own key; a warm-up that is refused fails the start, naming why."""
+    from pdinfra.serving import wait_health
+
+    _, router, prefill, _ = stack
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    assert wait_health.main([prefill.url, "5", "--warmup", "m", "10"]) == 0
+    assert "warmed up (logprobs, sampling)" in capsys.readouterr().out
+    assert any(b.get("logprobs") for b in wait_health.WARMUP_BODIES)
+    monkeypatch.setenv("VLLM_API_KEY", "wrong")
+    assert wait_health.main([prefill.url, "5", "--warmup", "m", "10"]) == 1
+    assert "HTTP Error 401" in capsys.readouterr().err
+    assert wait_health.main([prefill.url, "5", "--warm", "m"]) == 2
