@@ -27,7 +27,12 @@ class LiveBenchError(RuntimeError):
     pass
 
 
-def endpoints_from_cluster(cluster: Cluster, redeploy: bool = False) -> tuple[BenchEndpoints, str]:
+# vllm bench serve's backends pdinfra drives, and the endpoint each posts to.
+BACKEND_ENDPOINTS = {"vllm": "/v1/completions", "openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+
+
+def endpoints_from_cluster(cluster: Cluster, redeploy: bool = False,
+                           backend: str = "vllm") -> tuple[BenchEndpoints, str]:  # fmt: skip
     """(endpoints, router host name) for the resolved cluster (pdinfra.cluster).
 
     redeploy=False: agg = the first decode instance served directly. redeploy=True: agg = the router in front
@@ -53,6 +58,8 @@ def endpoints_from_cluster(cluster: Cluster, redeploy: bool = False) -> tuple[Be
         model=cluster.model.name,
         tokenizer=cluster.model.path,
         layouts=layouts,
+        backend=backend,
+        endpoint=BACKEND_ENDPOINTS[backend],
         model_shape=cluster.model.shape,
         block_size=cluster.block_size,
         tp=cluster.tp,
@@ -61,8 +68,14 @@ def endpoints_from_cluster(cluster: Cluster, redeploy: bool = False) -> tuple[Be
     return endpoints, router.host
 
 
+# The plays a layout switch changes (playbooks/serving.yml's tags): the instances' units and the router's backends.
+LAYOUT_TAGS = "instances,router"
+
+
 class LayoutDeployer:
-    """Redeploys the serving layer in the layout a point needs (``site.yml --tags serving -e pdinfra_layout=X``)."""
+    """Redeploys the instances and the router in the layout a point needs (``site.yml --tags instances,router -e
+    pdinfra_layout=X``): the runtime, firewall, model and store plays do not depend on the layout, so they are not
+    run again (they were converged by the deploy the bench starts from)."""
 
     def __init__(self, inventory: Path, log_dir: Path, progress=None) -> None:
         self.inventory, self.log_dir, self.progress = inventory, log_dir, progress
@@ -72,9 +85,9 @@ class LayoutDeployer:
         if layout == self.current:
             return
         if self.progress:
-            self.progress(f"deploying the {layout} layout (site.yml --tags serving -e pdinfra_layout={layout})")
+            self.progress(f"deploying the {layout} layout (site.yml --tags {LAYOUT_TAGS} -e pdinfra_layout={layout})")
         # A layout switch changes every instance's KV role at once: it cannot be rolled pair by pair.
-        res = run_playbook(self.inventory, "site.yml", ["--tags", "serving", "-e", f"pdinfra_layout={layout}",
+        res = run_playbook(self.inventory, "site.yml", ["--tags", LAYOUT_TAGS, "-e", f"pdinfra_layout={layout}",
                                                         "-e", "vllm_instance_rolling=false"],
                            log=self.log_dir / f"deploy-{layout}.log", timeout_s=3600)  # fmt: skip
         if res.rc != 0:

@@ -282,7 +282,7 @@ def advise(
         typer.Option(
             "--apply",
             help="Write the advised change into the inventory (shown as a diff first), run "
-            "site.yml --tags serving,monitoring, then wait one --window of traffic and judge again.",
+            "site.yml --tags instances,router,monitoring, then wait one --window of traffic and judge again.",
         ),
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", help="With --apply: do not ask before writing the inventory.")] = False,
@@ -550,6 +550,11 @@ def bench_run(
             "(same GPUs as PD), and back to PD afterwards. Without it, agg = the first decode instance direct.",
         ),
     ] = False,
+    backend: Annotated[
+        str,
+        typer.Option(help="vllm bench serve's --backend: vllm or openai (/v1/completions), openai-chat "
+                          "(/v1/chat/completions through the model's chat template)."),
+    ] = "vllm",
 ) -> None:
     """Run `vllm bench serve` sweeps of the agg and PD layouts against the deployed cluster, save and report them."""
     from pdinfra.bench import live
@@ -559,6 +564,8 @@ def bench_run(
     from pdinfra.cluster.slo import SLO
 
     try:
+        if backend not in live.BACKEND_ENDPOINTS:
+            raise ValueError(f"--backend {backend!r}: one of {', '.join(live.BACKEND_ENDPOINTS)}")
         the_plan = plan_from_options(plan, isl, osl, concurrency, layouts, prompts_per_concurrency, request_rate)
         the_slo = parse_slo(slo) if slo else None
     except (KeyError, ValueError, OSError) as exc:  # one line, exit 2, before any host is touched
@@ -566,7 +573,7 @@ def bench_run(
         raise typer.Exit(2) from exc
     cluster = _cluster(inventory)
     the_slo = the_slo or SLO.from_dict(cluster.slo)
-    endpoints, router = live.endpoints_from_cluster(cluster, redeploy=redeploy)
+    endpoints, router = live.endpoints_from_cluster(cluster, redeploy=redeploy, backend=backend)
     deployer = live.LayoutDeployer(inventory, Path(out) / ".deploy", _progress) if redeploy else None
     executor = live.AnsibleExecutor(inventory, router, Path(out) / ".fetched", deployer=deployer)
     try:

@@ -5,8 +5,8 @@ Run as the unit's ``ExecStartPost`` (roles/vllm_instance): systemd marks the uni
 and a start that hangs (vLLM's API server alive without a working engine, seen after a SIGKILL when NIXL's UCX
 backend failed to come up) fails the unit, which ``Restart=always`` then restarts.
 
-The warm-up sends the requests whose kernels vLLM compiles on first use (logprobs, then seeded top-k/top-p
-sampling: torch inductor on CPU, Triton on GPU) before the unit counts as started, so that no user request pays
+The warm-up sends the requests whose kernels vLLM compiles on first use (logprobs, then unseeded sampling at
+temperature 1: torch inductor on CPU, Triton on GPU) before the unit counts as started, so that no user request pays
 the compile (44 s on a 2-core CPU node) and a node that cannot compile fails its start, not a user's request. The
 compiled kernels are cached across restarts (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR in the unit). The API key is
 the instance's own (VLLM_API_KEY in its environment file).
@@ -22,9 +22,11 @@ import sys
 import time
 import urllib.request
 
+# vLLM 0.32's torch.compile'd sampler kernels: batched_count_greater_than (logprobs ranks) and
+# compiled_random_sample (temperature > 0 without a per-request seed; a seed takes the uncompiled path).
 WARMUP_BODIES = (
     {"prompt": "Warm up the sampler", "max_tokens": 2, "temperature": 0, "logprobs": 2},
-    {"prompt": "Warm up the sampler", "max_tokens": 2, "temperature": 1.0, "top_p": 0.9, "top_k": 5, "seed": 0},
+    {"prompt": "Warm up the sampler", "max_tokens": 2, "temperature": 1.0, "top_p": 0.9, "top_k": 5},
 )
 
 

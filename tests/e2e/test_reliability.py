@@ -335,8 +335,10 @@ def test_kill_one_decode_instance_under_load(cluster, refs):
 
 
 def test_kill_the_prefill_instance_during_transfers(cluster, refs):
-    """One prefill instance: every request fails until it is back (fast, as failures), none is wrong or hangs,
-    and both decode instances serve again afterwards (no decode stuck waiting for KV from the dead prefill)."""
+    """The only prefill instance killed under load: the gateway serves degraded (each request on a decode instance,
+    which computes the prompt itself) until it is back. Only requests in flight at the kill may fail; the service
+    answers within 5 s; none is wrong or hangs; and both decode instances serve PD again afterwards (no decode stuck
+    waiting for KV from the dead prefill)."""
     ensure_all_healthy()
     n1, url = node(cluster, "node1"), INSTANCES["prefill0"]
     with Load(api_key(), refs) as load:
@@ -346,9 +348,20 @@ def test_kill_the_prefill_instance_during_transfers(cluster, refs):
         t_back = wait_until(lambda: healthy(url), RECOVERY_S)
         t_ok = wait_until(lambda: any(r.ok and r.t0 > (t_back or 0) for r in load.recs), 90) if t_back else None
         time.sleep(5)
-    rep = analyse("kill prefill0 (SIGKILL)", load, t_fault, t_ok, t_ok)
+    in_flight = sum(1 for r in load.recs if r.t0 <= t_fault <= r.t1)
+    outage = [r for r in load.recs if r.ok and r.t0 > t_fault and r.t1 < (t_back or t_fault)]
+    first_ok = min((r.t1 for r in load.recs if r.ok and r.t0 >= t_fault), default=None)
+    lat = sorted(r.t1 - r.t0 for r in outage)
+    rep = analyse("kill prefill0 (SIGKILL)", load, t_fault, t_ok, t_ok, detail={
+        "in_flight_at_kill": in_flight, "served_degraded": len(outage),
+        "answered_after_s": None if first_ok is None else round(first_ok - t_fault, 2),
+        "degraded_p50_s": round(lat[len(lat) // 2], 3) if lat else None,
+        "degraded_max_s": round(lat[-1], 3) if lat else None})  # fmt: skip
     require_right_answers(rep, cluster)
     require_recovered(rep, n1, "pdinfra-vllm-prefill0", "b1-journal")
+    assert rep.failed <= in_flight, f"{rep.failed} failed, {in_flight} in flight at the kill: {rep.detail}"
+    assert first_ok is not None and first_ok - t_fault <= 5.0, rep.detail
+    assert outage, f"nothing was served while prefill0 was down: {rep.detail}"
     probe = on(n1, "systemctl start pdinfra-probe.service; cat /var/lib/pdinfra/probe/last.json", log="b1-probe")
     assert '"ok": true' in probe.stdout, probe.stdout
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from api_cases import CASES, Api, assert_still_serving
 from e2e_helpers import (
     E2E_MARKS,
     LOG_DIR,
@@ -135,3 +136,12 @@ def test_mooncake_traffic_stays_on_the_test_hosts_addresses(mooncake):
         assert not answered, f"listeners answered a host outside the cluster: {answered}"
     finally:
         nspawn._teardown_netns(outside)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_openai_sdk_through_the_router_on_mooncake_pd(mooncake, case):
+    """The API conformance cases of test_api_conformance, on the Mooncake PD connector."""
+    model = mooncake["cluster"]
+    api = Api(router=model.router.url, key=model.secrets.api_key, instances=[i.url for i in model.instances])
+    CASES[case](api)
+    assert_still_serving(api)

@@ -45,6 +45,19 @@ def test_endpoints_with_redeploy_use_every_instance_behind_the_router():
     assert {i.role for i in agg.instances} == {"agg"}
 
 
+def test_the_chat_backend_posts_to_chat_completions():
+    """bench run --backend openai-chat: vllm bench serve's openai-chat backend against /v1/chat/completions."""
+    from pdinfra.bench.plan import SLO
+    from pdinfra.bench.runner import build_argv
+
+    ep, _ = live.endpoints_from_cluster(cluster(), backend="openai-chat")
+    point = next(iter(get_plan("small").points()))
+    argv = build_argv(point, ep, SLO(), seed=1, result_dir="/tmp/r")
+    assert argv[argv.index("--backend") + 1] == "openai-chat"
+    assert argv[argv.index("--endpoint") + 1] == "/v1/chat/completions"
+    assert live.endpoints_from_cluster(cluster())[0].endpoint == "/v1/completions"
+
+
 class RecordingExecutor:
     def __init__(self) -> None:
         self.events: list[str] = []

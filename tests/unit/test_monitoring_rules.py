@@ -233,6 +233,29 @@ tests:
           - exp_labels: {severity: warning, pd_instance: decode0}
             exp_annotations:
               summary: "decode0 computed 80% of its prompt tokens itself: KV from the prefill does not arrive (nixl)"
+  # The only prefill is down from 10 s to 60 s while both decode instances answer: degraded mode, once it has
+  # lasted 15 s; it resolves when the prefill is back.
+  - interval: 5s
+    input_series:
+      - series: 'up{job="vllm",instance="198.18.0.11:8100",pd_role="prefill",pd_instance="prefill0"}'
+        values: '1 1 0 0 0 0 0 0 0 0 0 0 1 1 1'
+      - series: 'up{job="vllm",instance="198.18.0.12:8200",pd_role="decode",pd_instance="decode0"}'
+        values: '1x14'
+      - series: 'up{job="vllm",instance="198.18.0.11:8201",pd_role="decode",pd_instance="decode1"}'
+        values: '1x14'
+    alert_rule_test:
+      - eval_time: 20s
+        alertname: PdinfraServingDegraded
+        exp_alerts: []
+      - eval_time: 30s
+        alertname: PdinfraServingDegraded
+        exp_alerts:
+          - exp_labels: {severity: critical}
+            exp_annotations:
+              summary: "no prefill instance is up: requests are served degraded, decode instances compute the prompts"
+      - eval_time: 65s
+        alertname: PdinfraServingDegraded
+        exp_alerts: []
   # A decode read blocks the prefill had released: critical at once.
   - interval: 15s
     input_series:
