@@ -43,6 +43,8 @@ def _allowed(var: Var) -> str:
         parts.append("1..65535")
     elif var.min is not None or var.max is not None:
         parts.append(f"{var.min if var.min is not None else ''}..{var.max if var.max is not None else ''}")
+    if var.format:
+        parts.append(schema.FORMATS[var.format][1].split(" (")[0])
     if var.secret:
         parts.append("secret")
     return "; ".join(parts)

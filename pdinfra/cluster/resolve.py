@@ -140,6 +140,11 @@ class _Checker:
             except ValueError:
                 self.add(where, f"{shown} is not an address with prefix length (e.g. 198.18.0.11/24)", host)
                 return None
+        if var.format is not None and isinstance(out, str) and (out or var.required):
+            pattern, what = schema.FORMATS[var.format]
+            if not re.fullmatch(pattern, out):
+                self.add(where, f"must be {what}, not {shown}", host)
+                return None
         if var.choices is not None and out not in var.choices:
             choices = [str(c) for c in var.choices]
             hint = _suggest(str(value), choices)
@@ -295,6 +300,12 @@ def resolve(
                 seen.setdefault(repr(raw), []).append(h)
                 if not have:
                     first, have = raw, True
+        unset = [h for h in (cluster_hosts or all_hosts) if var.name not in hostvars[h]]
+        if (have and unset and var.name in schema.SAME_ON_EVERY_HOST and len(seen) == 1
+                and not var.secret and first != var.default and first is not None):  # fmt: skip
+            where = ", ".join(next(iter(seen.values())))
+            ck.add(var.name, f"is set to {_show(first)} on {where} only ({', '.join(unset)} would run with "
+                   f"{_show(var.default)}); it is cluster-wide: set it once in group_vars/all")  # fmt: skip
         if len(seen) > 1:
             if var.secret or any(f.secret for f in var.fields):
                 detail = " / ".join(", ".join(hs) for hs in seen.values()) + "; values not shown: they hold a secret"
@@ -393,6 +404,9 @@ def resolve(
                    f"{profile}", h)  # fmt: skip
         gpu_flag = _host_value(ck, hv, h, "pdinfra_gpu")
         gpu = (profile == "gpu") if gpu_flag is None else bool(gpu_flag)
+        if gpu_flag is not None and not gpu and hw.gpu and in_cluster:
+            ck.add("pdinfra_gpu", f"false on a host with the GPU hardware profile {hardware}: the nvidia_driver role "
+                   "would not install or pin its driver (set pdinfra_hardware for a host without GPUs)", h)  # fmt: skip
         rails = _rails(ck, hv, h, hw, addr, rail_addrs)
         expect = _expect(ck, hv, h, hw, gpu, rails, len(cluster_hosts), profile)
         insts: list[Instance] = []
@@ -451,6 +465,16 @@ def resolve(
     if serving and cluster_value(PDINFRA["pdinfra_monitoring"]) and all_instances:
         monitoring = _monitoring(ck, hosts, router_objs, cluster_value)
     kv_store = None
+    if (store_on or mooncake_pd) and m_store:  # Mooncake's engines listen in this range on every instance's host
+        for h in hosts:
+            clash = sorted(p for p in _serving_ports(h) if m_store[0] <= p <= m_store[1])
+            if clash and h.instances:
+                ck.add("pdinfra_kv_store_port_range", f"{store_values['pdinfra_kv_store_port_range']} holds port(s) "
+                       f"{', '.join(f'{p} ({_serving_ports(h)[p]})' for p in clash)}: Mooncake's transfer engines "
+                       "would take them; choose a range apart from the instances' ports", h.name)  # fmt: skip
+        if profile == "cpu" and str(store_values["pdinfra_kv_store_protocol"] or "tcp") == "rdma":
+            ck.add("pdinfra_kv_store_protocol", "rdma on the cpu profile: the hosts have no RDMA rails "
+                   "(rdma_roce_nics); use tcp")  # fmt: skip
     if serving and store_on and all_instances:
         kv_store = _kv_store(ck, hosts, router_objs, monitoring, store_values, profile)
     if kv_store is not None:  # who joins: every instance under agg, the chosen roles under PD
@@ -692,9 +716,9 @@ def _firewalls(
                 spans.append((monitoring.prometheus_port, monitoring.prometheus_port))
         if kv_store is not None and kv_store.host == h.name:  # the master: every instance's store client, scrapes
             spans += [(kv_store.port, kv_store.port), (kv_store.metrics_port, kv_store.metrics_port)]
-        if kv_store is not None and any(i.kv_store for i in h.instances):  # store clients (bound to every address)
-            lo, _, hi = kv_store.client_ports.partition("-")
-            spans.append((int(lo), int(hi)))
+        client_ports = re.fullmatch(r"(\d+)-(\d+)", kv_store.client_ports) if kv_store is not None else None
+        if client_ports and any(i.kv_store for i in h.instances):  # store clients (bound to every address)
+            spans.append((int(client_ports[1]), int(client_ports[2])))  # a malformed range is reported already
         if mooncake is not None and h.instances:
             spans.append(mooncake)
         for lo, hi in spans:
@@ -787,6 +811,10 @@ def _address(
         ck.add("pdinfra_address", f"{v} is a loopback address: NIXL peers cannot reach it", host)
     if iface.ip.is_unspecified:
         ck.add("pdinfra_address", f"{v} is the unspecified address: give the node's own address", host)
+    elif iface.network.prefixlen < 31 and iface.ip in (iface.network.network_address, iface.network.broadcast_address):
+        which = "network" if iface.ip == iface.network.network_address else "broadcast"
+        ck.add("pdinfra_address", f"{v} is the {which} address of {iface.network}: give the node's own address",
+               host)  # fmt: skip
     if ip in seen:
         ck.add("pdinfra_address", f"{ip} is also the address of {seen[ip]}", host)
     seen[ip] = host
@@ -802,6 +830,7 @@ def _rails(ck: _Checker, hv: dict[str, Any], host: str, hw: profiles.HardwarePro
     mtu = int(mtu_raw) if str(mtu_raw).isdigit() else 9000
     rails: list[Rail] = []
     netdevs: set[str] = set()
+    tables: dict[str, str] = {}
     for i, nic in enumerate(nics):
         where = f"rdma_roce_nics[{i}]"
         if not isinstance(nic, dict) or "netdev" not in nic or "address" not in nic:
@@ -818,6 +847,19 @@ def _rails(ck: _Checker, hv: dict[str, Any], host: str, hw: profiles.HardwarePro
             ck.add(f"{where}.address", f"{address!r} is not an address with prefix length (e.g. 198.18.1.11/24)", host)
             continue
         ip = str(iface.ip)
+        gateway = nic.get("gateway")
+        if gateway not in (None, ""):
+            try:
+                if ipaddress.ip_address(str(gateway)) not in iface.network:
+                    ck.add(f"{where}.gateway", f"{gateway} is outside the rail's subnet {iface.network}: the rail's "
+                           "table could not reach it", host)  # fmt: skip
+            except ValueError:
+                ck.add(f"{where}.gateway", f"{gateway!r} is not an IPv4 address", host)
+        table = str(nic.get("table", ""))
+        if table and table in tables:
+            ck.add(f"{where}.table", f"table {table} is also {tables[table]}'s: each rail needs its own "
+                   "policy-routing table (its source rule would send both rails' traffic one way)", host)  # fmt: skip
+        tables.setdefault(table, netdev)
         if ip == addr:
             ck.add(f"{where}.address", f"{ip} is also this host's pdinfra_address: rails need their own subnets", host)
         if ip in seen:
@@ -857,6 +899,11 @@ def _instances(
                 gpus = tuple(int(g) for g in raw_gpus)
                 if len(set(gpus)) != len(gpus):
                     ck.add(f"{var}.gpus", f"lists a GPU twice: {list(gpus)}", host)
+        for arg in v.get("extra_args", []) or []:
+            flag = str(arg).split("=", 1)[0]
+            if flag in schema.MANAGED_VLLM_FLAGS:
+                ck.add(f"{var}.extra_args", f"{flag} is set by pdinfra from {schema.MANAGED_VLLM_FLAGS[flag]}: set "
+                       "that instead (the unit, the router and the checks all follow it)", host)  # fmt: skip
         tp = int(v.get("tensor_parallel_size", 1))
         iblock = int(v.get("block_size", block))
         if "block_size" in v:
@@ -997,11 +1044,16 @@ def _expect(
                     ck.add(f"pdinfra_expect.{k}", f"unknown expectation; known: {', '.join(EXPECT_KEYS)}"
                            f"{_suggest(str(k), list(EXPECT_KEYS))}", host)  # fmt: skip
                     continue
+                # Ansible templating gives strings: a quoted number is the number it spells
+                if k in ("gpu_count", "nvlinks_per_gpu", "pd_hosts") and isinstance(v, str) and v.strip().isdigit():
+                    v = int(v)
                 expect[k] = v
     try:
         Expect.from_dict(expect)
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         ck.add("pdinfra_expect", f"{exc} (the expectations of this host, after pdinfra_expect)", host)
+        # judge the rest of the host on its profile's expectations, not on the value just refused
+        return {k: v for k, v in expect.items() if k not in (override or {})}
     return expect
 
 

@@ -39,6 +39,8 @@ class Var:
     secret: bool = False
     # A default that depends on another variable is described in words; resolve applies it.
     default_text: str | None = None
+    # A string's format (FORMATS): checked after the type, and shown in docs/variables.md.
+    format: str | None = None
     fields: tuple[Var, ...] = ()  # for dict values (pdinfra_model) and list items (pdinfra_instances)
     owner: str = "pdinfra"
 
@@ -63,17 +65,30 @@ def _f(name: str, type_: str, description: str, **kw: Any) -> Var:
     return Var(name, type_, description, **kw)
 
 
+# String formats a variable can require: (regular expression, what it is in words for the problem and the docs).
+FORMATS: dict[str, tuple[str, str]] = {
+    # systemd unit names allow more, but the name is also a file name beside others (<name>.json, .kv-store.json)
+    "unit_name": (r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", "ASCII letters, digits, - and _ (it names the unit "
+                  "pdinfra-vllm-<name>.service and its files), at most 63 characters"),
+    "served_name": (r"[!-~]{1,256}", "printable ASCII without spaces (vLLM's --served-model-name takes it as one "
+                    "name; clients send it as `model`)"),
+    "abs_path": (r"/.*", "an absolute path on the node"),
+    "hf_id": (r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+", "a Hugging Face id such as openai/gpt-oss-120b (not a "
+              "URL)"),
+}
+
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 LOAD_FORMATS = ("auto", "dummy", "safetensors", "pt")
 
 MODEL_FIELDS = (
-    _f("name", "str", "Served model name (what clients put in `model`).", required=True),
+    _f("name", "str", "Served model name (what clients put in `model`).", required=True, format="served_name"),
     _f("source", "str", "Where the model comes from: `tiny` (built on the controller), `controller_dir` (copied "
        "from the controller), `node_path` (already on the node), `hf` (downloaded on the node).",
        default="node_path", choices=("tiny", "controller_dir", "node_path", "hf")),
-    _f("path", "str", "Model directory on the node (vLLM's `--model`).", default_text="`/opt/pdinfra/models/<name>`"),
+    _f("path", "str", "Model directory on the node (vLLM's `--model`).", default_text="`/opt/pdinfra/models/<name>`",
+       format="abs_path"),
     _f("controller_path", "str", "Directory on the controller (source `controller_dir`).", default=""),
-    _f("hf_id", "str", "Hugging Face id (source `hf`).", default=""),
+    _f("hf_id", "str", "Hugging Face id (source `hf`).", default="", format="hf_id"),
     _f("hf_token", "str", "Hugging Face token (source `hf`); never logged, never written to cluster.json.",
        default="", secret=True),
     _f("load_format", "str", "vLLM `--load-format` (`dummy`: random weights, for tests).", default="auto",
@@ -83,7 +98,7 @@ MODEL_FIELDS = (
 )  # fmt: skip
 
 INSTANCE_FIELDS = (
-    _f("name", "str", "Unique instance name (unit `pdinfra-vllm-<name>`).", required=True),
+    _f("name", "str", "Unique instance name (unit `pdinfra-vllm-<name>`).", required=True, format="unit_name"),
     _f("role", "str", "PD role.", required=True, choices=("prefill", "decode")),
     _f("port", "port", "HTTP port (OpenAI API and /metrics).", required=True),
     _f("side_channel_port", "port", "NIXL side-channel port (one per TP rank from here up).", required=True),
@@ -94,10 +109,11 @@ INSTANCE_FIELDS = (
     _f("block_size", "int", "KV block size (power of two; the same on every instance).",
        default_text="`pdinfra_block_size`"),
     _f("dtype", "str", "Model dtype.", default_text="`pdinfra_dtype`", choices=DTYPES),
-    _f("model", "str", "Model directory for this instance.", default_text="`pdinfra_model.path`"),
-    _f("served_model_name", "str", "Served model name.", default_text="`pdinfra_model.name`"),
+    _f("model", "str", "Model directory for this instance.", default_text="`pdinfra_model.path`", format="abs_path"),
+    _f("served_model_name", "str", "Served model name.", default_text="`pdinfra_model.name`", format="served_name"),
     _f("cpu_affinity", "str", "systemd CPUAffinity of the unit.", default=""),
-    _f("extra_args", "list", "More vLLM arguments.", default=[]),
+    _f("extra_args", "list", "More vLLM arguments (not the flags pdinfra sets itself: MANAGED_VLLM_FLAGS).",
+       default=[]),
 )  # fmt: skip
 
 SLO_FIELDS = (
@@ -276,6 +292,9 @@ ROLE_PATTERNS: dict[str, tuple[str, str]] = {
     "nvidia_driver_branch": (r"^[0-9]{3}$", 'a driver branch number such as "580"'),
     "nvidia_driver_version": (r"^[0-9]{3}\.[0-9]+(\.[0-9]+)?$", 'a full driver version such as "580.159.04"'),
     "ucx_ib_gid_index": (r"^(auto|[0-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-5])$", "auto or 0..255"),
+    "ucx_module_dir": (r"^(/.*)?$", "an absolute path (UCX_MODULE_DIR) or empty"),
+    # the role's own check (roles/nvidia_driver/tasks/validate.yml) compares `| string | lower`
+    "nvidia_driver_fabricmanager": (r"^(?i:auto|true|false)$", "auto, true or false"),
 }
 # Role variables that are derived from the cluster model (the roles read pdinfra_node / pdinfra_cluster);
 # setting them in the inventory would bypass the model, so resolve refuses them.
@@ -352,3 +371,31 @@ PDINFRA = {v.name: v for v in PDINFRA_VARS}
 
 def known_names() -> list[str]:
     return sorted([*PDINFRA, *(n for s in role_schemas().values() for n in s.variables)])
+
+
+# Cluster-wide variables that a host cannot leave at the default while another sets them (a host_vars file that
+# switched the KV tier or the connector on for one host only): resolve names the hosts that would differ.
+SAME_ON_EVERY_HOST = frozenset({
+    "pdinfra_profile", "pdinfra_connector", "pdinfra_layout", "pdinfra_dtype", "pdinfra_block_size",
+    "pdinfra_max_model_len", "pdinfra_kv_lease_duration", "pdinfra_venv", "pdinfra_kv_store",
+    "pdinfra_kv_store_protocol", "pdinfra_kv_store_port_range", "pdinfra_kv_store_roles", "pdinfra_kv_port_range",
+    "pdinfra_kv_load_failure_policy", "pdinfra_service_user", "pdinfra_firewall",
+})  # fmt: skip
+
+# vLLM flags the vllm_instance unit sets from the cluster model, with the variable that owns each: an instance's
+# extra_args may not set them (the router, the firewall, the smoke and the validator follow the model, not the
+# unit's command line).
+MANAGED_VLLM_FLAGS: dict[str, str] = {
+    "--port": "pdinfra_instances[].port",
+    "--host": "pdinfra_address",
+    "--model": "pdinfra_model.path (or the instance's model)",
+    "--served-model-name": "pdinfra_model.name (or the instance's served_model_name)",
+    "--kv-transfer-config": "pdinfra_connector and pdinfra_layout",
+    "--tensor-parallel-size": "pdinfra_instances[].tensor_parallel_size",
+    "-tp": "pdinfra_instances[].tensor_parallel_size",
+    "--block-size": "pdinfra_block_size",
+    "--dtype": "pdinfra_dtype",
+    "--max-model-len": "pdinfra_max_model_len",
+    "--load-format": "pdinfra_model.load_format",
+    "--api-key": "pdinfra_api_key",
+}

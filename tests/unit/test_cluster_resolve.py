@@ -357,6 +357,14 @@ def _model(key, value):
     return f
 
 
+def _set_all_many(**values):
+    def f(hv):
+        for h in hv.values():
+            h.update(values)
+
+    return f
+
+
 def _groups(fn):
     def f(hv, g):
         fn(g)
@@ -503,6 +511,37 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("router timeout zero", CPU, _host("node1", "pd_router_request_timeout_s", 0), "host node1: pd_router_request_timeout_s: must be in 1..86400, not 0"),
     ("preflight disk list wrong", CPU, _host("node1", "preflight_disk_requirements", [{"path": "/opt"}]), "host node1: preflight_disk_requirements: missing required arguments: min_free_gib"),
     ("runtime install_from unknown", CPU, _host("node1", "pd_runtime_install_from", "conda"), "host node1: pd_runtime_install_from: value of pd_runtime_install_from must be one of"),
+    # names, strings and paths the units and files take as they are (issue 24)
+    ("instance name with a space", CPU, _inst("node1", "name", "prefill 0"), "host node1: pdinfra_instances[0].name: must be ASCII letters, digits, - and _ (it names the unit pdinfra-vllm-<name>.service and its files), at most 63 characters, not 'prefill 0'"),
+    ("instance name not ASCII", CPU, _inst("node1", "name", "préfill0"), "host node1: pdinfra_instances[0].name: must be ASCII letters, digits, - and _"),
+    ("instance name with a dot", CPU, _inst("node1", "name", "prefill.0"), "pdinfra_instances[0].name: must be ASCII letters, digits, - and _"),
+    ("served model name with spaces", CPU, _model("name", "my tiny model"), "pdinfra_model.name: must be printable ASCII without spaces (vLLM's --served-model-name takes it as one name; clients send it as `model`), not 'my tiny model'"),
+    ("instance served name with spaces", CPU, _inst("node1", "served_model_name", "tiny model"), "host node1: pdinfra_instances[0].served_model_name: must be printable ASCII without spaces"),
+    ("hf_id given as a URL", GPU, _model("hf_id", "https://huggingface.co/openai/gpt-oss-120b"), "pdinfra_model.hf_id: must be a Hugging Face id such as openai/gpt-oss-120b (not a URL), not 'https://huggingface.co/openai/gpt-oss-120b'"),
+    ("relative model path", CPU, _model("path", "models/tiny"), "pdinfra_model.path: must be an absolute path on the node, not 'models/tiny'"),
+    ("relative instance model path", CPU, _inst("node1", "model", "tiny"), "host node1: pdinfra_instances[0].model: must be an absolute path on the node, not 'tiny'"),
+    ("relative ucx_module_dir", GPU, _host("gpu1", "ucx_module_dir", "lib/ucx"), "host gpu1: ucx_module_dir: must be an absolute path (UCX_MODULE_DIR) or empty, not 'lib/ucx'"),
+    ("fabricmanager yes", GPU, _set_all("nvidia_driver_fabricmanager", "yes"), "host gpu1: nvidia_driver_fabricmanager: must be auto, true or false, not 'yes'"),
+    # addresses and routes
+    ("address is the network address", CPU, _host("node2", "pdinfra_address", "198.18.0.0/24"), "host node2: pdinfra_address: 198.18.0.0/24 is the network address of 198.18.0.0/24: give the node's own address"),
+    ("address is the broadcast address", CPU, _host("node2", "pdinfra_address", "198.18.0.255/24"), "host node2: pdinfra_address: 198.18.0.255/24 is the broadcast address of 198.18.0.0/24"),
+    ("rail gateway outside its subnet", GPU, lambda hv: hv["gpu1"]["rdma_roce_nics"][0].update(gateway="198.18.9.1"), "host gpu1: rdma_roce_nics[0].gateway: 198.18.9.1 is outside the rail's subnet 198.18.1.0/24"),
+    ("rail gateway not an address", GPU, lambda hv: hv["gpu1"]["rdma_roce_nics"][0].update(gateway="gw1"), "host gpu1: rdma_roce_nics[0].gateway: 'gw1' is not an IPv4 address"),
+    ("two rails in one routing table", GPU, lambda hv: hv["gpu1"]["rdma_roce_nics"][1].update(table=101), "host gpu1: rdma_roce_nics[1].table: table 101 is also ens1np0's: each rail needs its own policy-routing table"),
+    # profiles, cluster-wide settings, transports, port plans
+    ("GPU hardware profile with pdinfra_gpu false", GPU, _set_all("pdinfra_gpu", False), "host gpu1: pdinfra_gpu: false on a host with the GPU hardware profile hgx-h100-8gpu"),
+    ("KV tier on one host only", CPU, _host("node2", "pdinfra_kv_store", True), "pdinfra_kv_store: is set to True on node2 only (node1 would run with False); it is cluster-wide: set it once in group_vars/all"),
+    ("connector on one host only", CPU, _host("node2", "pdinfra_connector", "mooncake"), "pdinfra_connector: is set to 'mooncake' on node2 only (node1 would run with 'nixl')"),
+    ("store range over the side channels", CPU, _set_all_many(pdinfra_kv_store=True, pdinfra_kv_store_port_range="5000-5700"), "host node1: pdinfra_kv_store_port_range: 5000-5700 holds port(s) 5600 (prefill0's side channel): Mooncake's transfer engines would take them"),
+    ("mooncake range over the side channels", CPU, _set_all_many(pdinfra_connector="mooncake", pdinfra_kv_store_port_range="5000-5700"), "pdinfra_kv_store_port_range: 5000-5700 holds port(s) 5600"),
+    ("store over RDMA on cpu hosts", CPU, _set_all_many(pdinfra_kv_store=True, pdinfra_kv_store_protocol="rdma"), "pdinfra_kv_store_protocol: rdma on the cpu profile: the hosts have no RDMA rails (rdma_roce_nics); use tcp"),
+    ("store port range with a colon", CPU, _set_all_many(pdinfra_kv_store=True, pdinfra_kv_store_port_range="15000:16999"), "pdinfra_kv_store_port_range: '15000:16999' must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535 (e.g. 15000-16999)"),
+    ("expectation not a number", GPU, _host("gpu1", "pdinfra_expect", {"gpu_count": "eight"}), "host gpu1: pdinfra_expect: gpu_count must be an integer >= 0, not 'eight'"),
+    # extra_args that override what pdinfra manages
+    ("extra_args sets --port", CPU, _inst("node1", "extra_args", ["--port", "9999"]), "host node1: pdinfra_instances[0].extra_args: --port is set by pdinfra from pdinfra_instances[].port: set that instead"),
+    ("extra_args sets --kv-transfer-config", CPU, _inst("node1", "extra_args", ["--kv-transfer-config={}"]), "pdinfra_instances[0].extra_args: --kv-transfer-config is set by pdinfra from pdinfra_connector and pdinfra_layout"),
+    ("extra_args sets --max-model-len", CPU, _inst("node1", "extra_args", ["--max-model-len", "512"]), "extra_args: --max-model-len is set by pdinfra from pdinfra_max_model_len"),
+    ("extra_args sets -tp", GPU, _inst("gpu1", "extra_args", ["-tp", "8"]), "extra_args: -tp is set by pdinfra from pdinfra_instances[].tensor_parallel_size"),
     # SLO
     ("SLO unknown key", CPU, _set_all("pdinfra_slo", {"ttft": 2000}), "pdinfra_slo: unknown keys ttft"),
     ("SLO negative", CPU, _set_all("pdinfra_slo", {"ttft_ms": -5}), "pdinfra_slo: ttft_ms must be a positive number of milliseconds"),
@@ -512,7 +551,16 @@ BAD: list[tuple[str, Any, Any, str]] = [
 
 
 def test_at_least_sixty_distinct_mistakes_are_covered():
-    assert len(BAD) >= 60 and len({c[0] for c in BAD}) == len(BAD)
+    assert len(BAD) >= 85 and len({c[0] for c in BAD}) == len(BAD)
+
+
+def test_a_quoted_number_in_an_expectation_is_the_number():
+    """Ansible templating hands over strings: pdinfra_expect {gpu_count: "8"} means 8 (it crashed resolve before)."""
+    hv = copy.deepcopy(GPU)
+    hv["gpu1"]["pdinfra_expect"] = {"gpu_count": "8"}
+    res = R.resolve(hv, copy.deepcopy(GPU_GROUPS))
+    assert res.ok, res.problems
+    assert res.cluster.host("gpu1").expect["gpu_count"] == 8
 
 
 @pytest.mark.parametrize(("base", "mutate", "needle"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
