@@ -216,11 +216,25 @@ def _check_role_vars(ck: _Checker, hostvars: dict[str, dict[str, Any]]) -> None:
             if ArgumentSpecValidator is not None:
                 spec = {k: {kk: vv for kk, vv in rs.variables[k].spec.items() if kk not in ("description", "default")}
                         for k in params}  # fmt: skip
-                res = ArgumentSpecValidator(spec).validate(dict(params))
-                for msg in res.error_messages:
-                    names = [k for k in params if f"'{k}'" in msg or f"{k}." in msg or f" {k}" in msg]
-                    ck.add(names[0] if names else role, f"{msg} (roles/{role}/meta/argument_specs.yml)", h)
-                validated = res.validated_parameters
+                try:
+                    res = ArgumentSpecValidator(spec).validate(dict(params))
+                except Exception:  # Ansible's validator itself failed (a 2**63 in a list): find the variable
+                    validated = {}
+                    for k in params:
+                        try:
+                            one = ArgumentSpecValidator({k: spec[k]}).validate({k: params[k]})
+                        except Exception as exc:
+                            ck.add(k, f"cannot be checked against roles/{role}/meta/argument_specs.yml "
+                                   f"({type(exc).__name__}: {exc}); not {_show(params[k])}", h)  # fmt: skip
+                            continue
+                        for msg in one.error_messages:
+                            ck.add(k, f"{msg} (roles/{role}/meta/argument_specs.yml)", h)
+                        validated.update(one.validated_parameters)
+                else:
+                    for msg in res.error_messages:
+                        names = [k for k in params if f"'{k}'" in msg or f"{k}." in msg or f" {k}" in msg]
+                        ck.add(names[0] if names else role, f"{msg} (roles/{role}/meta/argument_specs.yml)", h)
+                    validated = res.validated_parameters
             for k, v in validated.items():
                 if k in schema.ROLE_RANGES:
                     lo, hi = schema.ROLE_RANGES[k]
@@ -258,49 +272,50 @@ def _role_value(hv: dict[str, Any], name: str) -> Any:
     return rv.default if rv is not None else None
 
 
+INTERNAL = "pdinfra"  # the variable of a problem that is resolve's own failure, not the inventory's
+
+
 def resolve(
     hostvars: dict[str, dict[str, Any]],
     groups: dict[str, list[str]],
     sources: list[str] | tuple[str, ...] = (),
     scope: str = "full",
 ) -> Resolution:
-    """Resolve the inventory. ``hostvars``: every host's variables (as Ansible resolved and templated them);
-    ``groups``: group name -> hosts. Returns the cluster (None when it cannot be built) and every problem.
+    """:func:`_resolve`, whose every unexpected exception becomes a problem instead of a traceback (the fuzz test,
+    tests/unit/test_resolve_fuzz.py, holds that no inventory value reaches this)."""
+    try:
+        return _resolve(hostvars, groups, sources, scope)
+    except Exception as exc:
+        why = f"resolving the inventory failed inside pdinfra ({type(exc).__name__}: {exc}); this is a pdinfra bug: "
+        return Resolution(None, [Problem(INTERNAL, why + "report it with the inventory")])
 
-    ``scope="host"`` (playbooks/host.yml run on its own): an inventory without a PD cluster is fine; the hosts,
-    their rails and expectations are resolved and every variable is still checked, the serving parts are not
-    required."""
-    ck = _Checker()
-    cluster_hosts = list(dict.fromkeys(groups.get(CLUSTER_GROUP, [])))
-    routers = list(dict.fromkeys(groups.get(ROUTER_GROUP, [])))
-    all_hosts = list(dict.fromkeys([*cluster_hosts, *routers, *sorted(hostvars)]))
-    hostvars = {h: dict(hostvars.get(h, {}) or {}) for h in all_hosts}
-    serving = scope != "host" or bool(cluster_hosts)
-    if not cluster_hosts and serving:
-        ck.add(CLUSTER_GROUP, "the inventory has no hosts in group pd_cluster")
-        return Resolution(None, ck.problems)
-    for r in routers:
-        if r not in cluster_hosts:
-            ck.add(ROUTER_GROUP, f"router host {r} is not in group pd_cluster: the router runs from the serving venv "
-                   "that only PD hosts get; add it to pd_cluster")  # fmt: skip
-    if not routers and serving:
-        ck.add(ROUTER_GROUP, "the inventory has no host in group 'router'")
 
-    _check_names(ck, hostvars)
-    _check_role_vars(ck, hostvars)
+@dataclass
+class _Inventory:
+    """The inventory as resolve reads it: its groups, every host's variables, and the one way to read a cluster-wide
+    value (the same on every host, checked against the schema)."""
 
-    # ---------------------------------------------------------------- cluster-wide values
-    def cluster_value(var: Var) -> Any:
+    ck: _Checker
+    hostvars: dict[str, dict[str, Any]]
+    cluster_hosts: list[str]
+    routers: list[str]
+    all_hosts: list[str]
+    serving: bool
+
+    def cluster_value(self, var: Var) -> Any:
+        """``var``'s one value across the cluster hosts (its default when unset); a value that differs between
+        hosts, or is set on some hosts only for a SAME_ON_EVERY_HOST variable, is a problem."""
+        ck, hosts = self.ck, self.cluster_hosts or self.all_hosts
         seen: dict[str, list[str]] = {}
         first: Any = None
         have = False
-        for h in cluster_hosts or all_hosts:
-            if var.name in hostvars[h]:
-                raw = hostvars[h][var.name]
+        for h in hosts:
+            if var.name in self.hostvars[h]:
+                raw = self.hostvars[h][var.name]
                 seen.setdefault(repr(raw), []).append(h)
                 if not have:
                     first, have = raw, True
-        unset = [h for h in (cluster_hosts or all_hosts) if var.name not in hostvars[h]]
+        unset = [h for h in hosts if var.name not in self.hostvars[h]]
         if (have and unset and var.name in schema.SAME_ON_EVERY_HOST and len(seen) == 1
                 and not var.secret and first != var.default and first is not None):  # fmt: skip
             where = ", ".join(next(iter(seen.values())))
@@ -312,191 +327,311 @@ def resolve(
             else:
                 detail = "; ".join(f"{', '.join(hs)}: {k}" for k, hs in seen.items())
             ck.add(var.name, f"differs between hosts ({detail}); it is cluster-wide: set it once in group_vars")
-        if not have:
-            return var.default
-        if first is None:
+        if not have or first is None:
             return var.default
         v = ck.value(var, first, var.name, None)
         return var.default if v is None else v
 
-    profile = cluster_value(PDINFRA["pdinfra_profile"]) or "gpu"
+
+@dataclass
+class _Settings:
+    """The cluster-wide settings, every default applied (pass 1)."""
+
+    profile: str
+    connector: str
+    layout: str
+    dtype: str
+    block: int
+    max_model_len: Any
+    lease: Any
+    venv: Any
+    model: Model | None
+    hf_token: str
+    shape: kvshape.KVShape | None
+    slo: dict[str, Any]
+    api_key: str
+    kv_policy: str
+    service_user: str
+    store_on: bool
+    store_values: dict[str, Any]
+    notify_port: int
+    lmcache_buffer: int
+
+    @property
+    def mooncake_pd(self) -> bool:
+        return self.connector == "mooncake" and self.layout == "pd"
+
+    @property
+    def lmcache_pd(self) -> bool:
+        return self.connector == "lmcache" and self.layout == "pd"
+
+
+@dataclass
+class _PortPlan:
+    """The cluster-wide port ranges and networks (pass 1, second half)."""
+
+    firewall: bool
+    client_networks: tuple[str, ...]
+    admin_networks: tuple[str, ...]
+    port_range: str
+    ephemeral: str
+    kv: tuple[int, int] | None  # pdinfra_kv_port_range (UCX)
+    ephemeral_range: tuple[int, int] | None
+    mooncake: tuple[int, int] | None  # pdinfra_kv_store_port_range (Mooncake's engines)
+
+
+def _resolve(
+    hostvars: dict[str, dict[str, Any]],
+    groups: dict[str, list[str]],
+    sources: list[str] | tuple[str, ...] = (),
+    scope: str = "full",
+) -> Resolution:
+    """Resolve the inventory. ``hostvars``: every host's variables (as Ansible resolved and templated them);
+    ``groups``: group name -> hosts. Returns the cluster (None when it cannot be built) and every problem.
+
+    ``scope="host"`` (playbooks/host.yml run on its own): an inventory without a PD cluster is fine; the hosts,
+    their rails and expectations are resolved and every variable is still checked, the serving parts are not
+    required. The passes, in order: groups and names, settings, port plan, hosts (addresses, rails, expectations,
+    instances), routers, services (monitoring, the KV store, firewalls)."""
+    ck = _Checker()
+    inv = _groups_pass(ck, hostvars, groups, scope)
+    if inv is None:
+        return Resolution(None, ck.problems)
+    s = _settings_pass(inv)
+    plan = _port_plan_pass(inv, s)
+    hosts, all_instances = _hosts_pass(inv, s)
+    hosts, router_objs = _routers_pass(inv, s, hosts, all_instances)
+    hosts, monitoring, kv_store = _services_pass(inv, s, plan, hosts, router_objs, all_instances)
+    if ck.problems or (s.model is None and inv.serving):
+        return Resolution(None, ck.problems)
+    cluster = Cluster(
+        profile=s.profile, connector=s.connector, layout=s.layout, block_size=int(s.block), dtype=s.dtype,
+        max_model_len=int(s.max_model_len), kv_lease_duration=int(s.lease), venv=str(s.venv), model=s.model,
+        slo=s.slo, hosts=tuple(hosts), routers=tuple(router_objs), kv_load_failure_policy=s.kv_policy,
+        service_user=s.service_user, api_key_required=bool(s.api_key), kv_port_range=plan.port_range,
+        firewall=plan.firewall, monitoring=monitoring, kv_store=kv_store,
+        mooncake_ports=str(s.store_values["pdinfra_kv_store_port_range"]), lmcache_buffer_mib=s.lmcache_buffer,
+        secrets=Secrets(api_key=str(s.api_key), hf_token=s.hf_token),
+    )  # fmt: skip
+    return Resolution(cluster, [])
+
+
+def _groups_pass(ck: _Checker, hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]],
+                 scope: str) -> _Inventory | None:  # fmt: skip
+    """The groups resolve needs (pd_cluster, router), then every variable's name and every role variable."""
+    cluster_hosts = list(dict.fromkeys(groups.get(CLUSTER_GROUP, [])))
+    routers = list(dict.fromkeys(groups.get(ROUTER_GROUP, [])))
+    all_hosts = list(dict.fromkeys([*cluster_hosts, *routers, *sorted(hostvars)]))
+    hostvars = {h: dict(hostvars.get(h, {}) or {}) for h in all_hosts}
+    serving = scope != "host" or bool(cluster_hosts)
+    if not cluster_hosts and serving:
+        ck.add(CLUSTER_GROUP, "the inventory has no hosts in group pd_cluster")
+        return None
+    for r in routers:
+        if r not in cluster_hosts:
+            ck.add(ROUTER_GROUP, f"router host {r} is not in group pd_cluster: the router runs from the serving venv "
+                   "that only PD hosts get; add it to pd_cluster")  # fmt: skip
+    if not routers and serving:
+        ck.add(ROUTER_GROUP, "the inventory has no host in group 'router'")
+    _check_names(ck, hostvars)
+    _check_role_vars(ck, hostvars)
+    return _Inventory(ck, hostvars, cluster_hosts, routers, all_hosts, serving)
+
+
+def _settings_pass(inv: _Inventory) -> _Settings:
+    """Profile, connector, layout, dtype, block size, model, SLO, API key, KV store switches: one value each."""
+    ck, value = inv.ck, inv.cluster_value
+    profile = value(PDINFRA["pdinfra_profile"]) or "gpu"
     if any(p.variable == "pdinfra_profile" for p in ck.problems):
         profile = "unknown"  # reported; checks that depend on the profile are skipped rather than guessed
-    connector = cluster_value(PDINFRA["pdinfra_connector"]) or "nixl"
-    layout = cluster_value(PDINFRA["pdinfra_layout"]) or "pd"
-    dtype = cluster_value(PDINFRA["pdinfra_dtype"]) or "auto"
-    max_model_len = cluster_value(PDINFRA["pdinfra_max_model_len"])
-    lease = cluster_value(PDINFRA["pdinfra_kv_lease_duration"])
-    venv = cluster_value(PDINFRA["pdinfra_venv"])
-    block = cluster_value(PDINFRA["pdinfra_block_size"])
+    connector = value(PDINFRA["pdinfra_connector"]) or "nixl"
+    layout = value(PDINFRA["pdinfra_layout"]) or "pd"
+    block = value(PDINFRA["pdinfra_block_size"])
     if block is None:
         block = default_block_size(profile)
     if connector == "lmcache" and profile == "cpu":
         ck.add("pdinfra_connector", "lmcache (LMCacheConnectorV1) needs GPU hosts: no LMCache release runs with vLLM's "
                "CPU build (LMCache RFC #4266); use nixl or mooncake on the cpu profile")  # fmt: skip
     _check_block(ck, "pdinfra_block_size", block, profile, None)
-
-    # ---------------------------------------------------------------- model
-    raw_model = cluster_value(PDINFRA["pdinfra_model"])
-    model, hf_token, shape = _model(ck, raw_model, profile) if serving or raw_model is not None else (None, "", None)
-    slo_raw = cluster_value(PDINFRA["pdinfra_slo"]) or {}
+    raw_model = value(PDINFRA["pdinfra_model"])
+    no_model = (None, "", None)
+    model, hf_token, shape = _model(ck, raw_model, profile) if inv.serving or raw_model is not None else no_model
+    slo_raw = value(PDINFRA["pdinfra_slo"]) or {}
     slo: dict[str, Any] = {}
     if isinstance(slo_raw, dict):
         try:
             slo = SLO.from_dict(slo_raw).to_dict()
         except (TypeError, ValueError) as exc:
             ck.add("pdinfra_slo", str(exc).removeprefix("pdinfra_slo: ").removeprefix("pdinfra_slo."))
-    api_key = _api_key(ck, cluster_value(PDINFRA["pdinfra_api_key"]) or "",
-                       cluster_value(PDINFRA["pdinfra_api_key_file"]) or "")  # fmt: skip
-    store_on = bool(cluster_value(PDINFRA["pdinfra_kv_store"]))
-    mooncake_pd = connector == "mooncake" and layout == "pd"
-    lmcache_pd = connector == "lmcache" and layout == "pd"
-    if store_on and (mooncake_pd or lmcache_pd):
-        ck.add("pdinfra_kv_store", f"the KV reuse tier runs with pdinfra_connector nixl only: MultiConnector"
-               f"[{'MooncakeConnector' if mooncake_pd else 'LMCacheConnectorV1'}, MooncakeStoreConnector] has not run "
-               "here (docs/connectors.md)")  # fmt: skip
-    notify_port = int(cluster_value(PDINFRA["pdinfra_lmcache_notify_port"]))
-    lmcache_buffer = int(cluster_value(PDINFRA["pdinfra_lmcache_buffer_mib"]))
-    store_values = {n: cluster_value(PDINFRA[n]) for n in STORE_VARS}  # checked whether the tier is on or not
-    m_store = _port_range(ck, "pdinfra_kv_store_port_range", str(store_values["pdinfra_kv_store_port_range"]),
-                          "15000-16999")  # fmt: skip
-    kv_policy = cluster_value(PDINFRA["pdinfra_kv_load_failure_policy"]) or "fail"
-    service_user = str(cluster_value(PDINFRA["pdinfra_service_user"]) or "pdinfra")
+    api_key = _api_key(ck, value(PDINFRA["pdinfra_api_key"]) or "", value(PDINFRA["pdinfra_api_key_file"]) or "")
+    service_user = str(value(PDINFRA["pdinfra_service_user"]) or "pdinfra")
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", service_user) or service_user == "root":
         ck.add("pdinfra_service_user", f"{service_user!r} must be an unprivileged system user name (lower case, "
                "not root)")  # fmt: skip
-    firewall = bool(cluster_value(PDINFRA["pdinfra_firewall"]))
-    client_networks = _networks(ck, cluster_value(PDINFRA["pdinfra_client_networks"]), "pdinfra_client_networks")
-    admin_networks = _networks(ck, cluster_value(PDINFRA["pdinfra_admin_networks"]), "pdinfra_admin_networks",
-                               empty_ok=True)  # fmt: skip
-    port_range = str(cluster_value(PDINFRA["pdinfra_kv_port_range"]))
-    ephemeral = str(cluster_value(PDINFRA["pdinfra_firewall_ephemeral_ports"]))
+    s = _Settings(
+        profile=profile, connector=connector, layout=layout, dtype=value(PDINFRA["pdinfra_dtype"]) or "auto",
+        block=block, max_model_len=value(PDINFRA["pdinfra_max_model_len"]),
+        lease=value(PDINFRA["pdinfra_kv_lease_duration"]), venv=value(PDINFRA["pdinfra_venv"]), model=model,
+        hf_token=hf_token, shape=shape, slo=slo, api_key=api_key,
+        kv_policy=str(value(PDINFRA["pdinfra_kv_load_failure_policy"]) or "fail"), service_user=service_user,
+        store_on=bool(value(PDINFRA["pdinfra_kv_store"])),
+        store_values={n: value(PDINFRA[n]) for n in STORE_VARS},  # checked whether the tier is on or not
+        notify_port=int(value(PDINFRA["pdinfra_lmcache_notify_port"])),
+        lmcache_buffer=int(value(PDINFRA["pdinfra_lmcache_buffer_mib"])),
+    )  # fmt: skip
+    if s.store_on and (s.mooncake_pd or s.lmcache_pd):
+        ck.add("pdinfra_kv_store", f"the KV reuse tier runs with pdinfra_connector nixl only: MultiConnector"
+               f"[{'MooncakeConnector' if s.mooncake_pd else 'LMCacheConnectorV1'}, MooncakeStoreConnector] has not "
+               "run here (docs/connectors.md)")  # fmt: skip
+    return s
+
+
+def _port_plan_pass(inv: _Inventory, s: _Settings) -> _PortPlan:
+    """The firewall's switches and networks, and the three port ranges, apart from each other."""
+    ck, value = inv.ck, inv.cluster_value
+    store_range = str(s.store_values["pdinfra_kv_store_port_range"])
+    m_store = _port_range(ck, "pdinfra_kv_store_port_range", store_range, "15000-16999")
+    port_range = str(value(PDINFRA["pdinfra_kv_port_range"]))
+    ephemeral = str(value(PDINFRA["pdinfra_firewall_ephemeral_ports"]))
     m_range = _port_range(ck, "pdinfra_kv_port_range", port_range, "20000-20999")
     m_eph = _port_range(ck, "pdinfra_firewall_ephemeral_ports", ephemeral, "32768-60999")
     for rng, var in ((m_range, "pdinfra_kv_port_range"), (m_eph, "pdinfra_firewall_ephemeral_ports")):
-        if (store_on or mooncake_pd) and m_store and rng and not (m_store[1] < rng[0] or rng[1] < m_store[0]):
-            ck.add("pdinfra_kv_store_port_range", f"{store_values['pdinfra_kv_store_port_range']} overlaps {var} "
+        if (s.store_on or s.mooncake_pd) and m_store and rng and not (m_store[1] < rng[0] or rng[1] < m_store[0]):
+            ck.add("pdinfra_kv_store_port_range", f"{store_range} overlaps {var} "
                    f"{port_range if var == 'pdinfra_kv_port_range' else ephemeral}; choose a range apart from it")
     if m_range and m_eph and not (m_range[1] < m_eph[0] or m_eph[1] < m_range[0]):
         ck.add("pdinfra_kv_port_range", f"{port_range} overlaps pdinfra_firewall_ephemeral_ports {ephemeral}: UCX "
                "would compete with the kernel's ephemeral ports; choose a range below it")  # fmt: skip
+    return _PortPlan(
+        firewall=bool(value(PDINFRA["pdinfra_firewall"])),
+        client_networks=_networks(ck, value(PDINFRA["pdinfra_client_networks"]), "pdinfra_client_networks"),
+        admin_networks=_networks(ck, value(PDINFRA["pdinfra_admin_networks"]), "pdinfra_admin_networks",
+                                 empty_ok=True),
+        port_range=port_range, ephemeral=ephemeral, kv=m_range, ephemeral_range=m_eph, mooncake=m_store,
+    )  # fmt: skip
 
-    # ---------------------------------------------------------------- hosts, addresses, instances
+
+def _hosts_pass(inv: _Inventory, s: _Settings) -> tuple[list[Host], list[Instance]]:
+    """Each host: its address, hardware profile, rails, expectations and instances; then the cluster's instances
+    together (a prefill and a decode under PD, one configuration, LMCache's ports)."""
+    ck = inv.ck
     addresses: dict[str, str] = {}
     rail_addrs: dict[str, str] = {}
     hosts: list[Host] = []
     all_instances: list[Instance] = []
     names: dict[str, Instance] = {}
-    for h in all_hosts:
-        hv = hostvars[h]
-        in_cluster = h in cluster_hosts
+    for h in inv.all_hosts:
+        hv = inv.hostvars[h]
+        in_cluster = h in inv.cluster_hosts
         addr_cidr, addr = _address(ck, hv, h, in_cluster, addresses)
-        hardware = _host_value(ck, hv, h, "pdinfra_hardware")
-        if hardware is None:
-            hardware = profiles.default_for(profile)
-        elif hardware not in profiles.PROFILES:
-            ck.add("pdinfra_hardware", f"unknown hardware profile {hardware!r}; known: {', '.join(profiles.PROFILES)}"
-                   f"{_suggest(str(hardware), list(profiles.PROFILES))}", h)  # fmt: skip
-            hardware = profiles.default_for(profile)
+        hardware, gpu = _hardware(ck, hv, h, s.profile, in_cluster)
         hw = profiles.PROFILES[hardware]
-        if hw.gpu != (profile == "gpu") and in_cluster and profile != "unknown":
-            ck.add("pdinfra_hardware", f"{hardware} is a {'GPU' if hw.gpu else 'CPU'} profile but pdinfra_profile is "
-                   f"{profile}", h)  # fmt: skip
-        gpu_flag = _host_value(ck, hv, h, "pdinfra_gpu")
-        gpu = (profile == "gpu") if gpu_flag is None else bool(gpu_flag)
-        if gpu_flag is not None and not gpu and hw.gpu and in_cluster:
-            ck.add("pdinfra_gpu", f"false on a host with the GPU hardware profile {hardware}: the nvidia_driver role "
-                   "would not install or pin its driver (set pdinfra_hardware for a host without GPUs)", h)  # fmt: skip
         rails = _rails(ck, hv, h, hw, addr, rail_addrs)
-        expect = _expect(ck, hv, h, hw, gpu, rails, len(cluster_hosts), profile)
+        expect = _expect(ck, hv, h, hw, gpu, rails, len(inv.cluster_hosts), s.profile)
         insts: list[Instance] = []
         if in_cluster:
-            insts = _instances(ck, hv, h, addr, profile, block, dtype, model, shape, expect.get("gpu_count"),
-                               hardware, layout, connector)  # fmt: skip
+            insts = _instances(ck, hv, h, addr, s.profile, s.block, s.dtype, s.model, s.shape,
+                               expect.get("gpu_count"), hardware, s.layout, s.connector)  # fmt: skip
             for inst in insts:
                 if inst.name in names:
                     other = names[inst.name]
                     ck.add(f"{inst.var}.name", f"{inst.name!r} is also used on {other.host} ({other.var})", h)
                 names[inst.name] = inst
-            _check_ports(ck, hv, h, insts, h in routers)
+            _check_ports(ck, hv, h, insts, h in inv.routers)
         hosts.append(Host(h, in_cluster, addr, addr_cidr, gpu, hardware, expect, tuple(rails), tuple(insts)))
         all_instances += insts
-
-    if serving and not all_instances and not any(p.variable.startswith("pdinfra_instances") for p in ck.problems):
+    instance_problem = any(p.variable.startswith("pdinfra_instances") for p in ck.problems)
+    if inv.serving and not all_instances and not instance_problem:
         ck.add("pdinfra_instances", "no host of pd_cluster declares an instance; declare prefill and decode instances "
                "in host_vars (see inventory/examples/)")  # fmt: skip
-    if all_instances and layout == "pd" and not any(p.variable.startswith("pdinfra_instances[") for p in ck.problems):
+    if all_instances and s.layout == "pd" and not any(p.variable.startswith("pdinfra_instances[") for p in ck.problems):
         for role in ("prefill", "decode"):
             if not any(i.role == role for i in all_instances):
                 ck.add("pdinfra_instances", f"the cluster has no {role} instance (pdinfra_layout is pd)")
     _check_consistency(ck, all_instances)
-    if lmcache_pd:
+    if s.lmcache_pd:
         hosts, all_instances = _lmcache_ports(ck, hosts)
+    return hosts, all_instances
 
-    # ---------------------------------------------------------------- routers
+
+def _hardware(ck: _Checker, hv: dict[str, Any], h: str, profile: str, in_cluster: bool) -> tuple[str, bool]:
+    """The host's hardware profile (a known one) and whether it runs the GPU host roles."""
+    hardware = _host_value(ck, hv, h, "pdinfra_hardware")
+    if hardware is None:
+        hardware = profiles.default_for(profile)
+    elif hardware not in profiles.PROFILES:
+        ck.add("pdinfra_hardware", f"unknown hardware profile {hardware!r}; known: {', '.join(profiles.PROFILES)}"
+               f"{_suggest(str(hardware), list(profiles.PROFILES))}", h)  # fmt: skip
+        hardware = profiles.default_for(profile)
+    hw = profiles.PROFILES[hardware]
+    if hw.gpu != (profile == "gpu") and in_cluster and profile != "unknown":
+        ck.add("pdinfra_hardware", f"{hardware} is a {'GPU' if hw.gpu else 'CPU'} profile but pdinfra_profile is "
+               f"{profile}", h)  # fmt: skip
+    gpu_flag = _host_value(ck, hv, h, "pdinfra_gpu")
+    gpu = (profile == "gpu") if gpu_flag is None else bool(gpu_flag)
+    if gpu_flag is not None and not gpu and hw.gpu and in_cluster:
+        ck.add("pdinfra_gpu", f"false on a host with the GPU hardware profile {hardware}: the nvidia_driver role "
+               "would not install or pin its driver (set pdinfra_hardware for a host without GPUs)", h)  # fmt: skip
+    return hardware, gpu
+
+
+def _routers_pass(inv: _Inventory, s: _Settings, hosts: list[Host],
+                  all_instances: list[Instance]) -> tuple[list[Host], list[Router]]:  # fmt: skip
+    """Each router: its port, URL, metrics port and backends in the connector's protocol; set on its host."""
     router_objs: list[Router] = []
-    for r in routers:
-        hv = hostvars.get(r, {})
+    for r in inv.routers:
+        hv = inv.hostvars.get(r, {})
         host = next(x for x in hosts if x.name == r)
-        port = _host_value(ck, hv, r, "pdinfra_router_port")
+        port = _host_value(inv.ck, hv, r, "pdinfra_router_port")
         port = PDINFRA["pdinfra_router_port"].default if port is None else port
         metrics = _role_value(hv, "pd_router_prometheus_port")
         address = host.address or str(hv.get("ansible_host") or r)
-        router_objs.append(
-            Router(
-                host=r,
-                address=address,
-                port=int(port),
-                url=f"http://{address}:{int(port)}",
-                metrics_port=int(metrics) if str(metrics).isdigit() else 29000,
-                layout=layout,
-                prefill=tuple(i.url for i in all_instances if i.role == "prefill"),
-                decode=tuple(i.url for i in all_instances if i.role == "decode"),
-                connector=connector,
-                prefill_bootstrap_ports=tuple(i.side_channel_port for i in all_instances if i.role == "prefill")
-                if mooncake_pd else (),
-                lmcache_notify_port=notify_port if lmcache_pd else 0,
-            )  # fmt: skip
-        )
-    hosts = [
-        Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)}) for h in hosts
-    ]
+        prefills = [i for i in all_instances if i.role == "prefill"]
+        router_objs.append(Router(
+            host=r, address=address, port=int(port), url=f"http://{address}:{int(port)}",
+            metrics_port=int(metrics) if str(metrics).isdigit() else int(schema.role_var(
+                "pd_router_prometheus_port").default),
+            layout=s.layout, prefill=tuple(i.url for i in prefills),
+            decode=tuple(i.url for i in all_instances if i.role == "decode"), connector=s.connector,
+            prefill_bootstrap_ports=tuple(i.side_channel_port for i in prefills) if s.mooncake_pd else (),
+            lmcache_notify_port=s.notify_port if s.lmcache_pd else 0,
+        ))  # fmt: skip
+    routed = [Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)})
+              for h in hosts]  # fmt: skip
+    return routed, router_objs
+
+
+def _services_pass(inv: _Inventory, s: _Settings, plan: _PortPlan, hosts: list[Host], router_objs: list[Router],
+                   all_instances: list[Instance]) -> tuple[list[Host], Monitoring | None, KVStore | None]:  # fmt: skip
+    """Prometheus, the KV store (who joins it, its ports against the instances'), then each host's firewall."""
+    ck = inv.ck
     monitoring = None
-    if serving and cluster_value(PDINFRA["pdinfra_monitoring"]) and all_instances:
-        monitoring = _monitoring(ck, hosts, router_objs, cluster_value)
-    kv_store = None
-    if (store_on or mooncake_pd) and m_store:  # Mooncake's engines listen in this range on every instance's host
+    if inv.serving and inv.cluster_value(PDINFRA["pdinfra_monitoring"]) and all_instances:
+        monitoring = _monitoring(ck, hosts, router_objs, inv.cluster_value)
+    m_store = plan.mooncake
+    if (s.store_on or s.mooncake_pd) and m_store:  # Mooncake's engines listen in this range on every instance's host
         for h in hosts:
-            clash = sorted(p for p in _serving_ports(h) if m_store[0] <= p <= m_store[1])
+            used = _serving_ports(h)
+            clash = sorted(p for p in used if m_store[0] <= p <= m_store[1])
             if clash and h.instances:
-                ck.add("pdinfra_kv_store_port_range", f"{store_values['pdinfra_kv_store_port_range']} holds port(s) "
-                       f"{', '.join(f'{p} ({_serving_ports(h)[p]})' for p in clash)}: Mooncake's transfer engines "
+                ck.add("pdinfra_kv_store_port_range", f"{s.store_values['pdinfra_kv_store_port_range']} holds port(s) "
+                       f"{', '.join(f'{p} ({used[p]})' for p in clash)}: Mooncake's transfer engines "
                        "would take them; choose a range apart from the instances' ports", h.name)  # fmt: skip
-        if profile == "cpu" and str(store_values["pdinfra_kv_store_protocol"] or "tcp") == "rdma":
+        if s.profile == "cpu" and str(s.store_values["pdinfra_kv_store_protocol"] or "tcp") == "rdma":
             ck.add("pdinfra_kv_store_protocol", "rdma on the cpu profile: the hosts have no RDMA rails "
                    "(rdma_roce_nics); use tcp")  # fmt: skip
-    if serving and store_on and all_instances:
-        kv_store = _kv_store(ck, hosts, router_objs, monitoring, store_values, profile)
+    kv_store = None
+    if inv.serving and s.store_on and all_instances:
+        kv_store = _kv_store(ck, hosts, router_objs, monitoring, s.store_values, s.profile)
     if kv_store is not None:  # who joins: every instance under agg, the chosen roles under PD
+        roles = kv_store.roles
         hosts = [dataclasses.replace(h, instances=tuple(
-            dataclasses.replace(i, kv_store=layout != "pd" or i.role in kv_store.roles) for i in h.instances))
+            dataclasses.replace(i, kv_store=s.layout != "pd" or i.role in roles) for i in h.instances))
             for h in hosts]  # fmt: skip
-    if m_range and m_eph and firewall:
-        hosts = _firewalls(ck, hosts, [m_range, m_eph], client_networks, admin_networks, monitoring, kv_store,
-                           m_store if mooncake_pd else None)
-
-    if ck.problems or (model is None and serving):
-        return Resolution(None, ck.problems)
-    cluster = Cluster(
-        profile=profile, connector=connector, layout=layout, block_size=int(block), dtype=dtype,
-        max_model_len=int(max_model_len), kv_lease_duration=int(lease), venv=str(venv), model=model, slo=slo,
-        hosts=tuple(hosts), routers=tuple(router_objs), kv_load_failure_policy=str(kv_policy),
-        service_user=service_user, api_key_required=bool(api_key), kv_port_range=port_range, firewall=firewall,
-        monitoring=monitoring, kv_store=kv_store, mooncake_ports=str(store_values["pdinfra_kv_store_port_range"]),
-        lmcache_buffer_mib=lmcache_buffer,
-        secrets=Secrets(api_key=str(api_key), hf_token=hf_token),
-    )  # fmt: skip
-    return Resolution(cluster, [])
+    if plan.kv and plan.ephemeral_range and plan.firewall:
+        hosts = _firewalls(ck, hosts, [plan.kv, plan.ephemeral_range], plan.client_networks, plan.admin_networks,
+                           monitoring, kv_store, m_store if s.mooncake_pd else None)  # fmt: skip
+    return hosts, monitoring, kv_store
 
 
 def _api_key(ck: _Checker, key: str, key_file: str) -> str:
@@ -847,6 +982,10 @@ def _rails(ck: _Checker, hv: dict[str, Any], host: str, hw: profiles.HardwarePro
             ck.add(f"{where}.address", f"{address!r} is not an address with prefix length (e.g. 198.18.1.11/24)", host)
             continue
         ip = str(iface.ip)
+        net = iface.network
+        if net.prefixlen < 31 and iface.ip in (net.network_address, net.broadcast_address):
+            which = "network" if iface.ip == net.network_address else "broadcast"
+            ck.add(f"{where}.address", f"{address} is the {which} address of {net}: give the rail its own", host)
         gateway = nic.get("gateway")
         if gateway not in (None, ""):
             try:
@@ -856,6 +995,9 @@ def _rails(ck: _Checker, hv: dict[str, Any], host: str, hw: profiles.HardwarePro
             except ValueError:
                 ck.add(f"{where}.gateway", f"{gateway!r} is not an IPv4 address", host)
         table = str(nic.get("table", ""))
+        if table.isdigit() and not (1 <= int(table) <= 3000) or table in ("253", "254", "255"):
+            ck.add(f"{where}.table", f"table {table} must be in 1..3000 and not 253-255 (the kernel's default, main "
+                   "and local tables)", host)  # fmt: skip
         if table and table in tables:
             ck.add(f"{where}.table", f"table {table} is also {tables[table]}'s: each rail needs its own "
                    "policy-routing table (its source rule would send both rails' traffic one way)", host)  # fmt: skip
@@ -889,16 +1031,6 @@ def _instances(
             continue
         before = len(ck.problems)
         v = ck.mapping(spec, item, var, host)
-        gpus: tuple[int, ...] = ()
-        raw_gpus = item.get("gpus")
-        if raw_gpus is not None and isinstance(raw_gpus, list):
-            bad = [g for g in raw_gpus if isinstance(g, bool) or not re.fullmatch(r"\d+", str(g))]
-            if bad:
-                ck.add(f"{var}.gpus", f"must list GPU indexes (integers from 0), not {_show(raw_gpus)}", host)
-            else:
-                gpus = tuple(int(g) for g in raw_gpus)
-                if len(set(gpus)) != len(gpus):
-                    ck.add(f"{var}.gpus", f"lists a GPU twice: {list(gpus)}", host)
         for arg in v.get("extra_args", []) or []:
             flag = str(arg).split("=", 1)[0]
             if flag in schema.MANAGED_VLLM_FLAGS:
@@ -908,15 +1040,7 @@ def _instances(
         iblock = int(v.get("block_size", block))
         if "block_size" in v:
             _check_block(ck, f"{var}.block_size", iblock, profile, host)
-        if profile == "gpu":
-            if raw_gpus is None or (isinstance(raw_gpus, list) and not raw_gpus):
-                ck.add(f"{var}.gpus", f"is required on the gpu profile: {tp} GPU index(es), 0-based "
-                       "(CUDA_VISIBLE_DEVICES)", host)  # fmt: skip
-            elif gpus and len(gpus) != tp:
-                ck.add(f"{var}.gpus", f"{len(gpus)} GPUs listed but tensor_parallel_size is {tp}", host)
-            if gpu_count and gpus and max(gpus) >= gpu_count:
-                ck.add(f"{var}.gpus", f"GPU {max(gpus)} does not exist on a {hardware} host with {gpu_count} GPUs "
-                       f"(GPUs 0..{gpu_count - 1}; indexes are 0-based)", host)  # fmt: skip
+        gpus = _instance_gpus(ck, item.get("gpus"), var, host, profile, tp, gpu_count, hardware)
         if shape is not None:
             why = kvshape.tp_problem(shape, tp)
             if why:
@@ -957,6 +1081,30 @@ def _instances(
                 ck.add(f"{inst.var}.gpus", f"GPU {g} is already used by {taken[g]}", host)
             taken[g] = inst.name
     return out
+
+
+def _instance_gpus(ck: _Checker, raw_gpus: Any, var: str, host: str, profile: str, tp: int, gpu_count: int | None,
+                   hardware: str) -> tuple[int, ...]:  # fmt: skip
+    """An instance's GPU indexes: 0-based integers, each once, one per TP rank and on the host (gpu profile)."""
+    gpus: tuple[int, ...] = ()
+    if raw_gpus is not None and isinstance(raw_gpus, list):
+        bad = [g for g in raw_gpus if isinstance(g, bool) or not re.fullmatch(r"\d+", str(g))]
+        if bad:
+            ck.add(f"{var}.gpus", f"must list GPU indexes (integers from 0), not {_show(raw_gpus)}", host)
+        else:
+            gpus = tuple(int(g) for g in raw_gpus)
+            if len(set(gpus)) != len(gpus):
+                ck.add(f"{var}.gpus", f"lists a GPU twice: {list(gpus)}", host)
+    if profile == "gpu":
+        if raw_gpus is None or (isinstance(raw_gpus, list) and not raw_gpus):
+            ck.add(f"{var}.gpus", f"is required on the gpu profile: {tp} GPU index(es), 0-based "
+                   "(CUDA_VISIBLE_DEVICES)", host)  # fmt: skip
+        elif gpus and len(gpus) != tp:
+            ck.add(f"{var}.gpus", f"{len(gpus)} GPUs listed but tensor_parallel_size is {tp}", host)
+        if gpu_count and gpus and max(gpus) >= gpu_count:
+            ck.add(f"{var}.gpus", f"GPU {max(gpus)} does not exist on a {hardware} host with {gpu_count} GPUs "
+                   f"(GPUs 0..{gpu_count - 1}; indexes are 0-based)", host)  # fmt: skip
+    return gpus
 
 
 def _check_ports(ck: _Checker, hv: dict[str, Any], host: str, instances: list[Instance], is_router: bool) -> None:
