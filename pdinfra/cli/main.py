@@ -34,10 +34,61 @@ kvtrace_app = typer.Typer(
 app.add_typer(kvtrace_app, name="kv-trace")
 console = Console(stderr=True, soft_wrap=True)
 
+DEFAULT_INV = paths.REPO / "inventory" / "local" / "hosts.yml"
+_said: set[Path] = set()
+
+
+def _deployed_record() -> Path:
+    """Where `pdinfra up` records the inventory the running local cluster was deployed from."""
+    return paths.state_dir() / "testhosts" / "deployed-inventory"
+
+
+def _inventory(inv: Path) -> Path:
+    """The inventory a command works on: without -i, the one the running local cluster was deployed from by
+    `pdinfra up -i ...` (said once on stderr), else the local one."""
+    if inv != DEFAULT_INV:
+        return inv
+    try:
+        recorded = Path(_deployed_record().read_text().strip())
+    except OSError:
+        return inv
+    if recorded != DEFAULT_INV and recorded.is_file():
+        if recorded not in _said:
+            _said.add(recorded)
+            typer.echo(f"» inventory {recorded} (the local cluster was deployed from it by pdinfra up; -i chooses "
+                       "another)", err=True)  # fmt: skip
+        return recorded
+    return inv
+
+
+def _inventory_option(ctx: typer.Context, param: typer.CallbackParam, value: Path) -> Path:
+    """-i's callback: an inventory given on the command line is used as it is, the default follows the deploy."""
+    source = ctx.get_parameter_source(param.name or "")
+    if getattr(source, "name", "") == "COMMANDLINE":  # by name: typer may carry its own copy of click's enum
+        return value
+    return _inventory(value)
+
+
+def _remember(inv: Path) -> None:
+    try:
+        rec = _deployed_record()
+        rec.parent.mkdir(parents=True, exist_ok=True)
+        rec.write_text(f"{inv.absolute()}\n")  # not resolve(): an overlay's hosts.yml is a link
+    except OSError:
+        pass
+
+
+# Every command's -i; without it, the inventory `pdinfra up` last deployed the local cluster from (_inventory).
 Inv = Annotated[
+    Path,
+    typer.Option("--inventory", "-i", callback=_inventory_option,
+                 help="Ansible inventory (default: the one the local cluster was deployed from, else "
+                      "inventory/local)."),
+]  # fmt: skip
+# `pdinfra up`'s -i: what it deploys, inventory/local unless given (it does not follow the last deploy).
+UpInv = Annotated[
     Path, typer.Option("--inventory", "-i", help="Ansible inventory (default: the local two-node cluster).")
 ]
-DEFAULT_INV = paths.REPO / "inventory" / "local" / "hosts.yml"
 
 
 def _load(inv: Path):
@@ -138,6 +189,7 @@ def hosts_destroy(
 
     hosts = testhosts.from_inventory(_load(inventory))
     testhosts.destroy(hosts, progress=_progress, keep_disk=keep_disk)
+    _deployed_record().unlink(missing_ok=True)
     left = testhosts.leftovers(hosts)
     if left:
         console.print("[red]left behind:[/] " + ", ".join(left))
@@ -178,16 +230,20 @@ def deploy(
 
 @app.command()
 def up(
-    inventory: Inv = DEFAULT_INV,
+    inventory: UpInv = DEFAULT_INV,
     destroy_first: Annotated[bool, typer.Option("--fresh", help="Destroy existing test hosts first.")] = False,
 ) -> None:
     """Everything in one go: test hosts (if the inventory has them), site.yml, smoke summary."""
     t0 = time.monotonic()
     _progress("resolving the cluster description")
-    _cluster(inventory)
     from pdinfra import testhosts
 
+    inventory = inventory.absolute()
+    _remember(inventory)  # later commands without -i work on this inventory (pdinfra down forgets it)
     hosts = testhosts.from_inventory(_load(inventory))
+    if not hosts:  # real hosts: nothing local to remember
+        _deployed_record().unlink(missing_ok=True)
+    _cluster(inventory)
     if hosts:
         if destroy_first:
             testhosts.destroy(hosts, progress=_progress)
