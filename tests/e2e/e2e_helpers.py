@@ -60,6 +60,14 @@ def playbook(*extra: str, log: str, inventory: Path = INV, book: str = "site.yml
     return run([str(BIN / "ansible-playbook"), "-i", str(inventory), book, *extra], log=log)
 
 
+def conformance(inventory: Path, log: str) -> subprocess.CompletedProcess:
+    """The testinfra conformance suite (tests/conformance) over SSH against the nodes of ``inventory``; what it checks
+    comes from each node's cluster.json, so it holds for every overlay."""
+    return run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/conformance",
+                "--hosts=ansible://pd_cluster", f"--ansible-inventory={inventory}", "--force-ansible"],
+               log=log, env_extra={"PDINFRA_TEST_TIER": "conformance"})  # fmt: skip
+
+
 def on(host: testhosts.TestHost, command: str, log: str, check: bool = False,
        timeout: float = 600) -> subprocess.CompletedProcess:  # fmt: skip
     """A shell command on a local node over SSH."""

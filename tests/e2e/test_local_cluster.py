@@ -16,10 +16,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
-from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, REPO, playbook, recap, run
+from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, REPO, conformance, playbook, recap, run
 from render_units import HGX, render
 
 from pdinfra import testhosts
@@ -89,11 +88,7 @@ def test_address_not_on_the_node_fails_before_any_change(cluster, tmp_path):
 
 
 def test_conformance_suite_passes_against_the_nodes(cluster):
-    res = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/conformance",
-         "--hosts=ansible://pd_cluster", f"--ansible-inventory={INV}", "--force-ansible"],
-        log="50-conformance",
-    )  # fmt: skip
+    res = conformance(INV, log="50-conformance")
     assert res.returncode == 0, res.stdout[-4000:]
     assert re.search(r"\d+ passed", res.stdout), res.stdout[-1000:]
 

@@ -28,6 +28,7 @@ from e2e_helpers import (
     Load,
     api_key,
     complete,
+    conformance,
     endpoint_ip,
     healthy,
     on,
@@ -65,6 +66,13 @@ def test_up_with_the_tier_proves_a_prompt_from_the_other_node_came_from_the_stor
     line = next(x for x in out.splitlines() if "loaded from the KV store" in x)
     assert "PASS" in line, out[-3000:]
     print(re.sub(r"\s+", " ", line))
+
+
+def test_conformance_suite_passes_on_the_reuse_tier_overlay(tier):
+    """The host contract from each node's cluster.json: prefill0 names MultiConnector, prefill1 runs on node2."""
+    res = conformance(REUSE_INV, log="r0-conformance")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert re.search(r"\d+ passed", res.stdout), res.stdout[-1000:]
 
 
 def test_the_master_runs_unprivileged_and_sandboxed(tier):

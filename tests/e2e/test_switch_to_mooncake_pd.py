@@ -23,6 +23,7 @@ from e2e_helpers import (
     LOOPBACK,
     REPO,
     TEST_NET,
+    conformance,
     endpoint_ip,
     on,
     playbook,
@@ -74,6 +75,13 @@ def test_router_speaks_mooncake_with_each_prefills_bootstrap_port(mooncake):
              check=True)  # fmt: skip
     assert "--kv-connector mooncake" in res.stdout, res.stdout
     assert "--prefill http://198.18.0.11:8100 5600" in res.stdout, res.stdout
+
+
+def test_conformance_suite_passes_on_the_mooncake_overlay(mooncake):
+    """The host contract from each node's cluster.json: every unit names MooncakeConnector, the router speaks it."""
+    res = conformance(MOONCAKE_INV, log="m0-conformance")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert re.search(r"\d+ passed", res.stdout), res.stdout[-1000:]
 
 
 def test_second_converge_of_the_overlay_changes_nothing(mooncake):
