@@ -6,7 +6,7 @@ Order, so that nothing on a host is touched by a change that does not resolve:
 1. plan the edits (:mod:`pdinfra.cluster.edit`: only the scalars change, the rest of each file is kept byte for
    byte) and resolve a copy of the inventory with them applied; problems end here, nothing written;
 2. show the edits as a unified diff (the caller asks before going on) and save it beside the run log;
-3. write the inventory, run ``site.yml --tags instances,router,monitoring`` (a retargeted instance's old unit is retired
+3. write the inventory, run ``site.yml --tags serving,monitoring`` (a retargeted instance's old unit is retired
    by vllm_instance, the router, firewall, probe and Prometheus targets follow the model);
 4. wait one window of traffic and judge it again, so the before/after pair covers the same length of time.
 """
@@ -28,9 +28,8 @@ from pdinfra.cluster.inventory import load_cluster
 from pdinfra.cluster.model import Cluster
 from pdinfra.playbook import run_playbook
 
-# The plays a role change touches: the instances (one retired, one started), the router's backends, the probe and
-# Prometheus's targets. The runtime, firewall (same ports whatever the role), model and store plays are not run.
-TAGS = "instances,router,monitoring"
+# The serving plays (pd_runtime rewrites the node's cluster.json, which the probe and validate read) and monitoring.
+TAGS = "serving,monitoring"
 
 
 class ApplyError(RuntimeError):

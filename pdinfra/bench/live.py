@@ -68,14 +68,14 @@ def endpoints_from_cluster(cluster: Cluster, redeploy: bool = False,
     return endpoints, router.host
 
 
-# The plays a layout switch changes (playbooks/serving.yml's tags): the instances' units and the router's backends.
-LAYOUT_TAGS = "instances,router"
+# The plays a layout switch changes: all of playbooks/serving.yml. Not only instances,router: pd_runtime writes the
+# node's cluster.json, whose layout the deep-health probe (and validate) read (tried in CI: the router play's probe
+# then sent PD requests to aggregated instances and failed).
+LAYOUT_TAGS = "serving"
 
 
 class LayoutDeployer:
-    """Redeploys the instances and the router in the layout a point needs (``site.yml --tags instances,router -e
-    pdinfra_layout=X``): the runtime, firewall, model and store plays do not depend on the layout, so they are not
-    run again (they were converged by the deploy the bench starts from)."""
+    """Redeploys the serving layer in the layout a point needs (``site.yml --tags serving -e pdinfra_layout=X``)."""
 
     def __init__(self, inventory: Path, log_dir: Path, progress=None) -> None:
         self.inventory, self.log_dir, self.progress = inventory, log_dir, progress

@@ -338,7 +338,7 @@ def advise(
         typer.Option(
             "--apply",
             help="Write the advised change into the inventory (shown as a diff first), run "
-            "site.yml --tags instances,router,monitoring, then wait one --window of traffic and judge again.",
+            "site.yml --tags serving,monitoring, then wait one --window of traffic and judge again.",
         ),
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", help="With --apply: do not ask before writing the inventory.")] = False,
