@@ -34,13 +34,31 @@ from pdinfra.cluster.slo import SLO
 
 ROLES = ("prefill", "decode")
 
-# PromQL per signal, by pd_role (a label pd_monitoring puts on every vLLM series). {w} is the window.
+# An instance whose warm-up has left the window {w}: it had answered requests one window ago and has not restarted
+# since (pd_monitoring's pdinfra:instance_settled, the same predicate). Each unit's warm-up (ExecStartPost) compiles
+# vLLM's kernels with a few requests of 20-60 s on CPU; counted, they would be the tail of every window holding a
+# restart, and advise would call a just-changed deployment slow.
+SETTLED = (
+    "(max by (pd_role, pd_instance) (vllm:time_to_first_token_seconds_count offset {w}) > 0"
+    ' and on (pd_instance) max by (pd_instance) (process_start_time_seconds{{job="vllm"}}'
+    ' == process_start_time_seconds{{job="vllm"}} offset {w}))'
+)
+_S = " and on (pd_instance) " + SETTLED
+
+# PromQL per signal, by pd_role (a label pd_monitoring puts on every vLLM series). {w} is the window; the latency
+# tails count settled instances only.
 QUERIES = {
     "requests_per_s": "sum by (pd_role) (rate(vllm:request_success_total[{w}]))",
     # TTFT at the SLO's attainment level q (0.9: 90% of requests must meet the bound), ITL at P99 (its SLO's own).
-    "ttft_q_s": "histogram_quantile({q}, sum by (le, pd_role) (rate(vllm:time_to_first_token_seconds_bucket[{w}])))",
-    "itl_p99_s": "histogram_quantile(0.99, sum by (le, pd_role) (rate(vllm:inter_token_latency_seconds_bucket[{w}])))",
-    "e2e_q_s": "histogram_quantile({q}, sum by (le, pd_role) (rate(vllm:e2e_request_latency_seconds_bucket[{w}])))",
+    "ttft_q_s": "histogram_quantile({q}, sum by (le, pd_role) (rate(vllm:time_to_first_token_seconds_bucket[{w}])"
+    + _S
+    + "))",
+    "itl_p99_s": "histogram_quantile(0.99, sum by (le, pd_role) (rate(vllm:inter_token_latency_seconds_bucket[{w}])"
+    + _S
+    + "))",
+    "e2e_q_s": "histogram_quantile({q}, sum by (le, pd_role) (rate(vllm:e2e_request_latency_seconds_bucket[{w}])"
+    + _S
+    + "))",
     "queue_s": "sum by (pd_role) (rate(vllm:request_queue_time_seconds_sum[{w}])) "
     "/ sum by (pd_role) (rate(vllm:request_queue_time_seconds_count[{w}]))",
     "waiting": "avg by (pd_role) (avg_over_time(vllm:num_requests_waiting[{w}]))",
@@ -49,8 +67,8 @@ QUERIES = {
 }
 # Bucket rates per (pd_role, le), for the attainment estimate.
 BUCKET_QUERIES = {
-    "ttft": "sum by (le, pd_role) (rate(vllm:time_to_first_token_seconds_bucket[{w}]))",
-    "e2e": "sum by (le, pd_role) (rate(vllm:e2e_request_latency_seconds_bucket[{w}]))",
+    "ttft": "sum by (le, pd_role) (rate(vllm:time_to_first_token_seconds_bucket[{w}])" + _S + ")",
+    "e2e": "sum by (le, pd_role) (rate(vllm:e2e_request_latency_seconds_bucket[{w}])" + _S + ")",
 }
 KV_PRESSURE = 0.9  # KV-cache usage of decode instances that counts as pressure (as pd_monitoring's alert)
 

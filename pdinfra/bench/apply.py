@@ -89,6 +89,11 @@ def plan(source: Path, advice: Advice) -> Plan:
     return Plan(advice.change, edits, after)
 
 
+# Seconds ``advise --apply`` waits beyond one window before judging again: a few scrape intervals, so that the
+# window starts after Prometheus saw the new instances' warm-up (advise.SETTLED).
+SETTLE_MARGIN_S = 30
+
+
 def window_seconds(window: str) -> int:
     m = re.fullmatch(r"(\d+)([smhd])", window)
     if not m:

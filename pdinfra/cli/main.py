@@ -419,7 +419,9 @@ def advise(
     except (apply_mod.ApplyError, EditError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    wait_s = apply_mod.window_seconds(window)
+    # One window of traffic, plus a margin of scrapes so that Prometheus has seen every new instance's warm-up
+    # finish before the window begins (advise counts settled instances only: advise.SETTLED).
+    wait_s = apply_mod.window_seconds(window) + apply_mod.SETTLE_MARGIN_S
     con.print(f"deployed; measuring again over {window} of traffic on the new deployment (until "
               f"{time.strftime('%H:%M:%S', time.localtime(time.time() + wait_s))})")  # fmt: skip
     t_end = time.monotonic() + wait_s
@@ -584,8 +586,10 @@ def bench_run(
     inventory: Inv = DEFAULT_INV,
     plan: Annotated[
         str,
-        typer.Option(help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI), long (1536/64, "
-                          "conc. 1..16: where PD wins on inventory/local-1p1d) or kv-trace."),
+        typer.Option(
+            help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI), long (1536/64, "
+            "conc. 1..16: where PD wins on inventory/local-1p1d) or kv-trace."
+        ),
     ] = "default",
     isl: Annotated[str | None, typer.Option(help="Input lengths, e.g. 1024,8192.")] = None,
     osl: Annotated[str | None, typer.Option(help="Output lengths, e.g. 1024.")] = None,
@@ -608,8 +612,10 @@ def bench_run(
     ] = False,
     backend: Annotated[
         str,
-        typer.Option(help="vllm bench serve's --backend: vllm or openai (/v1/completions), openai-chat "
-                          "(/v1/chat/completions through the model's chat template)."),
+        typer.Option(
+            help="vllm bench serve's --backend: vllm or openai (/v1/completions), openai-chat "
+            "(/v1/chat/completions through the model's chat template)."
+        ),
     ] = "vllm",
 ) -> None:
     """Run `vllm bench serve` sweeps of the agg and PD layouts against the deployed cluster, save and report them."""

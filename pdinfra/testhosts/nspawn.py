@@ -402,6 +402,19 @@ def _wait_ssh(host: TestHost, key: Path, timeout: float = 90.0) -> None:
     raise TestHostError(f"{host.name}: SSH on {host.ip}:22 not answering after {timeout:.0f} s ({last})")
 
 
+def ssh_config(hosts: list[TestHost], key: Path) -> Path:
+    """An ssh_config(5) naming each test host (``Host node1`` -> its address) with the options of ssh_command, for
+    tools that take one: testinfra's SSH backend (``--hosts=ssh://node1 --ssh-config=...``) keeps one multiplexed
+    connection per host, where ``--force-ansible`` starts an Ansible process for every command."""
+    conf = key.parent / "config"
+    blocks = [f"Host {h.name}\n  HostName {h.ip}\n  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
+              "  BatchMode yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+              "  ConnectTimeout 5\n" for h in hosts]  # fmt: skip
+    conf.write_text("# Written by pdinfra (testhosts.ssh_config) for the local test hosts.\n" + "".join(blocks))
+    conf.chmod(0o600)
+    return conf
+
+
 def ssh_command(host: TestHost, key: Path) -> list[str]:
     return [
         "ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",

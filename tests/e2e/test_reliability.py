@@ -50,6 +50,7 @@ from pdinfra.testhosts import nspawn
 
 pytestmark = E2E_MARKS
 
+
 @dataclass
 class FaultReport:
     fault: str

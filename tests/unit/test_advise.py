@@ -38,7 +38,8 @@ class FakeProm:
             def do_GET(self):  # noqa: N802 - http.server's name
                 q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)["query"][0]
                 fake.queries.append(q)
-                key = next(k for k, m in KEYS.items() if m in q)
+                head = q.split(" and on (pd_instance) ")[0]  # before advise.SETTLED, which every tail carries
+                key = next(k for k, m in KEYS.items() if m in head)
                 result = [{"metric": {"pd_role": role}, "value": [0, str(v)]}
                           for role, v in fake.values.get(key, {}).items()]  # fmt: skip
                 body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
