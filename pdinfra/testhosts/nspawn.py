@@ -479,6 +479,7 @@ def create(hosts: list[TestHost], progress: Progress | None = None) -> None:
     for host in hosts:
         _wait_ssh(host, key)
         _say(progress, f"{host.name} answers on ssh://root@{host.ip}")
+    ssh_config(hosts, key)  # for testinfra's SSH backend (tests/conformance, docs/testing.md)
 
 
 def destroy(hosts: list[TestHost], progress: Progress | None = None, keep_disk: bool = False) -> None:
