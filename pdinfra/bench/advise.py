@@ -43,22 +43,21 @@ SETTLED = (
     ' and on (pd_instance) max by (pd_instance) (process_start_time_seconds{{job="vllm"}}'
     ' == process_start_time_seconds{{job="vllm"}} offset {w}))'
 )
-_S = " and on (pd_instance) " + SETTLED
+
+
+def _rate(histogram: str) -> str:
+    """The rate of a vLLM histogram's buckets over {w}, from settled instances only."""
+    return f"rate(vllm:{histogram}_seconds_bucket[{{w}}]) and on (pd_instance) {SETTLED}"
+
 
 # PromQL per signal, by pd_role (a label pd_monitoring puts on every vLLM series). {w} is the window; the latency
 # tails count settled instances only.
 QUERIES = {
     "requests_per_s": "sum by (pd_role) (rate(vllm:request_success_total[{w}]))",
     # TTFT at the SLO's attainment level q (0.9: 90% of requests must meet the bound), ITL at P99 (its SLO's own).
-    "ttft_q_s": "histogram_quantile({q}, sum by (le, pd_role) (rate(vllm:time_to_first_token_seconds_bucket[{w}])"
-    + _S
-    + "))",
-    "itl_p99_s": "histogram_quantile(0.99, sum by (le, pd_role) (rate(vllm:inter_token_latency_seconds_bucket[{w}])"
-    + _S
-    + "))",
-    "e2e_q_s": "histogram_quantile({q}, sum by (le, pd_role) (rate(vllm:e2e_request_latency_seconds_bucket[{w}])"
-    + _S
-    + "))",
+    "ttft_q_s": f"histogram_quantile({{q}}, sum by (le, pd_role) ({_rate('time_to_first_token')}))",
+    "itl_p99_s": f"histogram_quantile(0.99, sum by (le, pd_role) ({_rate('inter_token_latency')}))",
+    "e2e_q_s": f"histogram_quantile({{q}}, sum by (le, pd_role) ({_rate('e2e_request_latency')}))",
     "queue_s": "sum by (pd_role) (rate(vllm:request_queue_time_seconds_sum[{w}])) "
     "/ sum by (pd_role) (rate(vllm:request_queue_time_seconds_count[{w}]))",
     "waiting": "avg by (pd_role) (avg_over_time(vllm:num_requests_waiting[{w}]))",
@@ -67,8 +66,8 @@ QUERIES = {
 }
 # Bucket rates per (pd_role, le), for the attainment estimate.
 BUCKET_QUERIES = {
-    "ttft": "sum by (le, pd_role) (rate(vllm:time_to_first_token_seconds_bucket[{w}])" + _S + ")",
-    "e2e": "sum by (le, pd_role) (rate(vllm:e2e_request_latency_seconds_bucket[{w}])" + _S + ")",
+    "ttft": f"sum by (le, pd_role) ({_rate('time_to_first_token')})",
+    "e2e": f"sum by (le, pd_role) ({_rate('e2e_request_latency')})",
 }
 KV_PRESSURE = 0.9  # KV-cache usage of decode instances that counts as pressure (as pd_monitoring's alert)
 

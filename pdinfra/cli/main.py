@@ -586,10 +586,8 @@ def bench_run(
     inventory: Inv = DEFAULT_INV,
     plan: Annotated[
         str,
-        typer.Option(
-            help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI), long (1536/64, "
-            "conc. 1..16: where PD wins on inventory/local-1p1d) or kv-trace."
-        ),
+        typer.Option(help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI), long (1536/64, "
+                          "conc. 1..16: where PD wins on inventory/local-1p1d) or kv-trace."),
     ] = "default",
     isl: Annotated[str | None, typer.Option(help="Input lengths, e.g. 1024,8192.")] = None,
     osl: Annotated[str | None, typer.Option(help="Output lengths, e.g. 1024.")] = None,
@@ -612,10 +610,8 @@ def bench_run(
     ] = False,
     backend: Annotated[
         str,
-        typer.Option(
-            help="vllm bench serve's --backend: vllm or openai (/v1/completions), openai-chat "
-            "(/v1/chat/completions through the model's chat template)."
-        ),
+        typer.Option(help="vllm bench serve's --backend: vllm or openai (/v1/completions), openai-chat "
+                          "(/v1/chat/completions through the model's chat template)."),
     ] = "vllm",
 ) -> None:
     """Run `vllm bench serve` sweeps of the agg and PD layouts against the deployed cluster, save and report them."""

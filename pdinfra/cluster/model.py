@@ -248,27 +248,15 @@ class Cluster:
         def router(r: dict[str, Any] | None) -> Router | None:
             if not r:
                 return None
-            return Router(
-                **{
-                    **r,
-                    "prefill": tuple(r["prefill"]),
-                    "decode": tuple(r["decode"]),
-                    "prefill_bootstrap_ports": tuple(r.get("prefill_bootstrap_ports", ())),
-                }
-            )
+            return Router(**{**r, "prefill": tuple(r["prefill"]), "decode": tuple(r["decode"]),
+                              "prefill_bootstrap_ports": tuple(r.get("prefill_bootstrap_ports", ()))})
 
         hosts = []
         for h in data["hosts"]:
             insts = tuple(
-                Instance(
-                    **{
-                        **i,
-                        "gpus": tuple(i["gpus"]),
-                        "extra_args": tuple(i.get("extra_args", ())),
-                        "lmcache_init_ports": tuple(i.get("lmcache_init_ports", ())),
-                        "lmcache_alloc_ports": tuple(i.get("lmcache_alloc_ports", ())),
-                    }
-                )
+                Instance(**{**i, "gpus": tuple(i["gpus"]), "extra_args": tuple(i.get("extra_args", ())),
+                            "lmcache_init_ports": tuple(i.get("lmcache_init_ports", ())),
+                            "lmcache_alloc_ports": tuple(i.get("lmcache_alloc_ports", ()))})
                 for i in h.get("instances", [])
             )
             rails = tuple(Rail(**r) for r in h.get("rails", []))

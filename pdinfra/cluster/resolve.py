@@ -197,9 +197,8 @@ def _check_names(ck: _Checker, hostvars: dict[str, dict[str, Any]]) -> None:
                     h,
                 )
             elif name in schema.DERIVED_ROLE_VARS:
-                ck.add(
-                    name, f"is derived from the cluster model ({schema.DERIVED_ROLE_VARS[name]}); set that instead", h
-                )
+                ck.add(name, f"is derived from the cluster model ({schema.DERIVED_ROLE_VARS[name]}); set that instead",
+                       h)
 
 
 def _check_role_vars(ck: _Checker, hostvars: dict[str, dict[str, Any]]) -> None:
@@ -498,11 +497,8 @@ def _port_plan_pass(inv: _Inventory, s: _Settings) -> _PortPlan:
     m_eph = _port_range(ck, "pdinfra_firewall_ephemeral_ports", ephemeral, "32768-60999")
     for rng, var in ((m_range, "pdinfra_kv_port_range"), (m_eph, "pdinfra_firewall_ephemeral_ports")):
         if (s.store_on or s.mooncake_pd) and m_store and rng and not (m_store[1] < rng[0] or rng[1] < m_store[0]):
-            ck.add(
-                "pdinfra_kv_store_port_range",
-                f"{store_range} overlaps {var} "
-                f"{port_range if var == 'pdinfra_kv_port_range' else ephemeral}; choose a range apart from it",
-            )
+            ck.add("pdinfra_kv_store_port_range", f"{store_range} overlaps {var} "
+                   f"{port_range if var == 'pdinfra_kv_port_range' else ephemeral}; choose a range apart from it")
     if m_range and m_eph and not (m_range[1] < m_eph[0] or m_eph[1] < m_range[0]):
         ck.add("pdinfra_kv_port_range", f"{port_range} overlaps pdinfra_firewall_ephemeral_ports {ephemeral}: UCX "
                "would compete with the kernel's ephemeral ports; choose a range below it")  # fmt: skip

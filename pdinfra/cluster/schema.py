@@ -68,20 +68,13 @@ def _f(name: str, type_: str, description: str, **kw: Any) -> Var:
 # String formats a variable can require: (regular expression, what it is in words for the problem and the docs).
 FORMATS: dict[str, tuple[str, str]] = {
     # systemd unit names allow more, but the name is also a file name beside others (<name>.json, .kv-store.json)
-    "unit_name": (
-        r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}",
-        "ASCII letters, digits, - and _ (it names the unit "
-        "pdinfra-vllm-<name>.service and its files), at most 63 characters",
-    ),
-    "served_name": (
-        r"[!-~]{1,256}",
-        "printable ASCII without spaces (vLLM's --served-model-name takes it as one name; clients send it as `model`)",
-    ),
+    "unit_name": (r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", "ASCII letters, digits, - and _ (it names the unit "
+                  "pdinfra-vllm-<name>.service and its files), at most 63 characters"),
+    "served_name": (r"[!-~]{1,256}", "printable ASCII without spaces (vLLM's --served-model-name takes it as one "
+                    "name; clients send it as `model`)"),
     "abs_path": (r"/.*", "an absolute path on the node"),
-    "hf_id": (
-        r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+",
-        "a Hugging Face id such as openai/gpt-oss-120b (not a URL)",
-    ),
+    "hf_id": (r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+", "a Hugging Face id such as openai/gpt-oss-120b (not a "
+              "URL)"),
 }
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -306,12 +299,9 @@ ROLE_PATTERNS: dict[str, tuple[str, str]] = {
 # Role variables that are derived from the cluster model (the roles read pdinfra_node / pdinfra_cluster);
 # setting them in the inventory would bypass the model, so resolve refuses them.
 DERIVED_ROLE_VARS: dict[str, str] = {
-    "vllm_instance_list": "pdinfra_instances",
-    "pd_firewall_rules": "pdinfra_instances",
-    "vllm_instance_runtime_id": "the serving packages",
-    "vllm_instance_kv_store_config": "pdinfra_kv_store",
-    "pd_kv_store_config": "pdinfra_kv_store",
-    "pd_router_kv_connector": "pdinfra_connector",
+    "vllm_instance_list": "pdinfra_instances", "pd_firewall_rules": "pdinfra_instances",
+    "vllm_instance_runtime_id": "the serving packages", "vllm_instance_kv_store_config": "pdinfra_kv_store",
+    "pd_kv_store_config": "pdinfra_kv_store", "pd_router_kv_connector": "pdinfra_connector",
 }
 
 

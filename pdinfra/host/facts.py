@@ -924,7 +924,9 @@ def toolchain(host: Host) -> dict[str, Any]:
             recorded = True
         first = out.strip().splitlines()[0] if found and out.strip() else ""
         compilers[name] = first if first and not first.startswith("error:") else None
-    headers = sorted("/" + os.path.relpath(p, host.root) for p in glob.glob(host.path("usr/include/python3*/Python.h")))
+    headers = sorted(
+        "/" + os.path.relpath(p, host.root) for p in glob.glob(host.path("usr/include/python3*/Python.h"))
+    )
     return {"known": recorded, "compilers": compilers, "python_headers": headers}
 
 

@@ -18,5 +18,5 @@ from pdinfra.testhosts.nspawn import (
 )
 
 __all__ = ["BRIDGE", "Link", "TestHost", "TestHostError", "api_key_file", "create", "destroy", "ensure_base",
-           "from_inventory", "leftovers", "running_pid", "ssh_command",
-           "ssh_config", "ssh_key"]  # fmt: skip
+           "from_inventory", "leftovers", "running_pid", "ssh_command", "ssh_config",
+           "ssh_key"]  # fmt: skip

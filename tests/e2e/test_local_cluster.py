@@ -147,7 +147,7 @@ THREADS = (
     "aff=$(systemctl show -p CPUAffinity --value $u); cg=$(systemctl show -p ControlGroup --value $u); "
     "f=/sys/fs/cgroup$cg/cgroup.procs; [ -e $f ] || f=/sys/fs/cgroup/systemd$cg/cgroup.procs; "  # v2, else v1
     "for p in $(cat $f); do for t in /proc/$p/task/*; do "
-    'echo "$u|$aff|$p|${t##*/}|$(cat $t/comm 2>/dev/null)|'
+    "echo \"$u|$aff|$p|${t##*/}|$(cat $t/comm 2>/dev/null)|"
     "$(awk '/Cpus_allowed_list/{print $2}' $t/status 2>/dev/null)\"; "
     "done; done; done"
 )
@@ -318,10 +318,8 @@ def test_kv_trace_records_the_blocks_vllm_reads(cluster):
         assert all(0 <= b < r["remote_pool"] for g in r["remote"] for b in g), r
     summary = json.loads(run([str(BIN / "pdinfra"), "kv-trace", "show", "--json", str(out)],
                              log="75-kv-trace-show", check=True).stdout)[0]  # fmt: skip
-    print(
-        f"\nkv trace: {summary['reads']} reads, {summary['blocks']} blocks in {summary['runs']} runs "
-        f"(merge factor {summary['merge_factor']}, sorted {summary['merge_factor_sorted']})"
-    )
+    print(f"\nkv trace: {summary['reads']} reads, {summary['blocks']} blocks in {summary['runs']} runs "
+          f"(merge factor {summary['merge_factor']}, sorted {summary['merge_factor_sorted']})")
     assert summary["reads"] >= 2 and summary["blocks"] >= summary["runs"] >= 1
 
 
@@ -399,7 +397,7 @@ def _exec_args(unit: str) -> list[str]:
             if not line.rstrip().endswith("\\"):
                 break
     words = shlex.split(" ".join(lines).removeprefix("ExecStart="))
-    return words[words.index("vllm.entrypoints.openai.api_server") + 1 :]
+    return words[words.index("vllm.entrypoints.openai.api_server") + 1:]
 
 
 def test_vllms_own_parser_accepts_the_rendered_lmcache_and_mooncake_units(cluster, tmp_path_factory):

@@ -50,7 +50,6 @@ from pdinfra.testhosts import nspawn
 
 pytestmark = E2E_MARKS
 
-
 @dataclass
 class FaultReport:
     fault: str

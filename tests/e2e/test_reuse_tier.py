@@ -162,11 +162,8 @@ FAULTS = {
     # the master process stops: connections are refused at once
     "stop": ("systemctl stop pdinfra-kv-store.service", "systemctl start pdinfra-kv-store.service"),
     # the master's host stops answering on its port: packets are dropped, connections and calls time out
-    "drop": (
-        "nft add table inet pdtest && nft add chain inet pdtest in '{ type filter hook input priority -10; }' "
-        "&& nft add rule inet pdtest in tcp dport 50051 drop",
-        "nft delete table inet pdtest",
-    ),
+    "drop": ("nft add table inet pdtest && nft add chain inet pdtest in '{ type filter hook input priority -10; }' "
+             "&& nft add rule inet pdtest in tcp dport 50051 drop", "nft delete table inet pdtest"),
 }
 
 
@@ -203,7 +200,7 @@ def test_the_store_master_gone_for_20_s_under_load(tier, fault):
         lat = sorted(1000 * (r.t1 - r.t0) for r in rs if r.ok)
         if not lat:
             return f"{name}: none answered"
-        return f"{name}: {len(lat)} answered, p50 {statistics.median(lat):.0f} ms, max {lat[-1]:.0f} ms"
+        return (f"{name}: {len(lat)} answered, p50 {statistics.median(lat):.0f} ms, max {lat[-1]:.0f} ms")
 
     phases = "; ".join([phase("before", [r for r in recs if r.t1 < t_stop]),
                         phase("overlapping the outage", [r for r in recs if r.t1 >= t_stop and r.t0 <= t_start]),

@@ -305,20 +305,10 @@ def test_lmcache_pd_gives_each_decode_receiver_ports_per_tp_rank_and_opens_them_
     fw = {h.name: h.firewall for h in c.hosts}
     assert "5600-5607" in fw["gpu2"].peer_ports and "7500" in fw["gpu1"].peer_ports
     assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c
-    hv["gpu2"]["pdinfra_instances"].append(
-        {
-            "name": "decode1",
-            "role": "decode",
-            "port": 8201,
-            "side_channel_port": 5605,
-            "gpus": [4, 5, 6, 7],
-            "tensor_parallel_size": 4,
-        }
-    )
+    hv["gpu2"]["pdinfra_instances"].append({"name": "decode1", "role": "decode", "port": 8201,
+                                            "side_channel_port": 5605, "gpus": [4, 5, 6, 7], "tensor_parallel_size": 4})
     probs = [f"{p.host}: {p.variable}: {p.message}" for p in resolved(hv, GPU_GROUPS).problems]
-    assert any("LMCache's alloc port 5605 (decode0" in p and "used by decode1's side channel" in p for p in probs), (
-        probs
-    )
+    assert any("LMCache's alloc port 5605 (decode0" in p and "used by decode1's side channel" in p for p in probs), probs
 
 
 def test_extra_vars_given_as_strings_are_typed():

@@ -20,7 +20,7 @@ from pdinfra.transfer import trace
 
 REPO = Path(__file__).resolve().parents[2]
 
-FAKE_WORKER = """
+FAKE_WORKER = '''
 class ReadSpec:
     def __init__(self, local, remote):
         self.local_block_ids, self.remote_block_ids = local, remote
@@ -41,7 +41,7 @@ class NixlPullConnectorWorker:
                                               prefill_block_ids=read_spec.remote_block_ids)
         self.posted.append((loc, rem))
         return True
-"""
+'''
 
 
 def _fake_vllm(root: Path) -> None:

@@ -98,14 +98,8 @@ class Stack:
                 for _ in range(self.tp):  # one per TP rank, after the KV is written
                     self.push.send(msgspec.msgpack.encode(ProxyNotif(req_id=spec["req_id"])))
             choice = {"index": 0, "text": " A", "finish_reason": "length"}
-            return web.json_response(
-                {
-                    "id": "cmpl-p",
-                    "choices": [choice],
-                    "kv_transfer_params": {"first_tok": FIRST},
-                    "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1},
-                }
-            )
+            return web.json_response({"id": "cmpl-p", "choices": [choice], "kv_transfer_params": {"first_tok": FIRST},
+                                      "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1}})
 
         app = web.Application()
         app.router.add_post("/tokenize", tokenize)
@@ -120,19 +114,14 @@ class Stack:
             assert body["prompt"][-1] == FIRST and "kv_transfer_params" not in body
             n = body["max_tokens"]
             if not body.get("stream"):
-                return web.json_response(
-                    {
-                        "id": "cmpl-d",
-                        "choices": [{"index": 0, "text": " B" * n, "finish_reason": "length"}],
-                        "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n},
-                    }
-                )
+                return web.json_response({"id": "cmpl-d", "choices": [{"index": 0, "text": " B" * n,
+                                                                       "finish_reason": "length"}],
+                                          "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             for _ in range(n):
-                await resp.write(
-                    f"data: {json.dumps({'id': 'cmpl-d', 'choices': [{'index': 0, 'text': ' B'}]})}\n\n".encode()
-                )
+                await resp.write(f"data: {json.dumps({'id': 'cmpl-d', 'choices': [{'index': 0, 'text': ' B'}]})}\n\n"
+                                 .encode())
             await resp.write(b"data: [DONE]\n\n")
             return resp
 
@@ -242,13 +231,5 @@ def test_health_and_metrics_on_a_working_stack(stack):
 
 def test_config_errors_name_the_decode():
     with pytest.raises(ValueError, match="one init and one alloc port per TP rank"):
-        lp.Config.from_dict(
-            {
-                "host": "h",
-                "port": 1,
-                "notify_host": "h",
-                "notify_port": 2,
-                "prefill": ["p"],
-                "decode": [{"url": "http://d", "host": "d", "init_ports": [1, 2], "alloc_ports": [3]}],
-            }
-        )
+        lp.Config.from_dict({"host": "h", "port": 1, "notify_host": "h", "notify_port": 2, "prefill": ["p"],
+                             "decode": [{"url": "http://d", "host": "d", "init_ports": [1, 2], "alloc_ports": [3]}]})

@@ -62,12 +62,8 @@ class Fakes:
                     out["kv_transfer_params"] = None  # MooncakeConnector's prefill returns none
                 else:
                     tid = params.get("transfer_id")
-                    if (
-                        params.get("do_remote_prefill")
-                        and params.get("remote_engine_id") == ENGINE
-                        and params.get("remote_bootstrap_addr") == fakes.bootstrap
-                        and tid in fakes.sent
-                    ):
+                    if (params.get("do_remote_prefill") and params.get("remote_engine_id") == ENGINE
+                            and params.get("remote_bootstrap_addr") == fakes.bootstrap and tid in fakes.sent):
                         fakes.sent.pop(tid)
                         fakes.moved += 40
                 self._send(200, out)

@@ -94,5 +94,4 @@ def test_an_unexpected_exception_is_a_problem_not_a_traceback(monkeypatch):
     res = R.resolve(copy.deepcopy(CPU), copy.deepcopy(GROUPS))
     assert not res.ok and [str(p) for p in res.problems] == [
         "pdinfra: resolving the inventory failed inside pdinfra (RuntimeError: boom); this is a pdinfra bug: report "
-        "it with the inventory"
-    ]
+        "it with the inventory"]

@@ -130,14 +130,8 @@ def test_the_store_proof_fails_when_the_prompt_is_computed_again(fake):
 
 
 def test_the_store_proof_reports_an_unreachable_instance():
-    ep = smoke.Endpoints(
-        router="http://127.0.0.1:9",
-        prefill=[],
-        decode=[],
-        model="m",
-        store_pair=("http://127.0.0.1:9", "http://127.0.0.1:9"),
-        store_metrics="http://127.0.0.1:9",
-    )
+    ep = smoke.Endpoints(router="http://127.0.0.1:9", prefill=[], decode=[], model="m",
+                         store_pair=("http://127.0.0.1:9", "http://127.0.0.1:9"), store_metrics="http://127.0.0.1:9")
     proof, _ = smoke.reuse_proof(ep, timeout=2, wait_s=0.1)
     assert not proof.ok and "Error" in proof.evidence
 
@@ -147,7 +141,7 @@ def test_shared_prompts_keep_the_share_of_the_base_and_are_fresh_elsewhere():
     assert base == reuse.words("base", 100) and base != reuse.words("other", 100)  # deterministic, seeded
     for share in reuse.SHARES:
         p = reuse.shared_prompt(base, share, f"rest{share}").split()
-        assert len(p) == 100 and p[:share] == base[:share]
+        assert len(p) == 100 and p[: share] == base[: share]
         assert share == 100 or p[share] != base[share]
 
 

@@ -74,12 +74,8 @@ def test_mooncake_pd_connector_renders_for_the_hgx_example(tmp_path_factory):
     out = render(tmp_path_factory, INV, '{"pdinfra_connector": "mooncake"}')
     for name, role in (("hgx-h100-01-prefill0", "kv_producer"), ("hgx-h100-02-decode1", "kv_consumer")):
         assert _kv((out / f"{name}.service").read_text()) == {
-            "kv_connector": "MooncakeConnector",
-            "kv_role": role,
-            "kv_buffer_device": "cuda",
-            "kv_load_failure_policy": "fail",
-            "kv_connector_extra_config": {"mooncake_protocol": "rdma"},
-        }, name
+            "kv_connector": "MooncakeConnector", "kv_role": role, "kv_buffer_device": "cuda",
+            "kv_load_failure_policy": "fail", "kv_connector_extra_config": {"mooncake_protocol": "rdma"}}, name
     prefill_env = (out / "hgx-h100-01-prefill0.env").read_text()
     assert "VLLM_MOONCAKE_BOOTSTRAP_PORT=5600" in prefill_env
     assert "VLLM_HOST_IP=198.18.0.11" in prefill_env and "MC_TCP_BIND_ADDRESS=198.18.0.11" in prefill_env
@@ -112,13 +108,9 @@ def test_lmcache_pd_renders_for_the_hgx_example(rendered_lmcache):
     out = rendered_lmcache
     p = _kv((out / "hgx-h100-01-prefill0.service").read_text())
     d = _kv((out / "hgx-h100-02-decode1.service").read_text())
-    assert p == {
-        "kv_connector": "LMCacheConnectorV1",
-        "kv_role": "kv_producer",
-        "kv_buffer_device": "cuda",
-        "kv_load_failure_policy": "fail",
-        "kv_connector_extra_config": {"discard_partial_chunks": False, "lmcache_rpc_port": "prefill0"},
-    }
+    assert p == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
+                 "kv_load_failure_policy": "fail",
+                 "kv_connector_extra_config": {"discard_partial_chunks": False, "lmcache_rpc_port": "prefill0"}}
     assert d["kv_connector_extra_config"] == {"discard_partial_chunks": False, "lmcache_rpc_port": "decode1",
                                               "skip_last_n_tokens": 1}  # fmt: skip
     env = (out / "hgx-h100-02-decode1.env").read_text()
@@ -127,12 +119,8 @@ def test_lmcache_pd_renders_for_the_hgx_example(rendered_lmcache):
     assert proxy["notify_host"] == "198.18.0.11" and proxy["notify_port"] == 7500 and proxy["host"] == "127.0.0.1"
     # Prometheus's router job scrapes the proxy where it scrapes vllm-router.
     assert (proxy["metrics_host"], proxy["metrics_port"]) == ("198.18.0.11", 29000)
-    assert proxy["decode"][1] == {
-        "url": "http://198.18.0.12:8201",
-        "host": "198.18.0.12",
-        "init_ports": [5610, 5611, 5612, 5613],
-        "alloc_ports": [5614, 5615, 5616, 5617],
-    }
+    assert proxy["decode"][1] == {"url": "http://198.18.0.12:8201", "host": "198.18.0.12",
+                                  "init_ports": [5610, 5611, 5612, 5613], "alloc_ports": [5614, 5615, 5616, 5617]}
     router = (out / "hgx-h100-01-router.service").read_text()
     assert "-m pdinfra.serving.lmcache_proxy --config /etc/pdinfra/lmcache-proxy.json" in router
     assert "vllm-router" not in router.split("ExecStart=")[1].split("\n")[0]

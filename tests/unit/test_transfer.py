@@ -213,7 +213,7 @@ def test_plans_and_layouts():
     # one region per layer of 512 blocks (K and V together), the regions one slot apart (as in vLLM's cache);
     # layer 0 slides (window 128): only its last 9 blocks move
     assert blen == 32768 and len(contig) == len(scatter) == 18 * 512 + 18 * 9 == 9378
-    assert contig[:9] == list(range(503, 512)) and contig[9 : 9 + 512] == list(range(513, 513 + 512))
+    assert contig[:9] == list(range(503, 512)) and contig[9:9 + 512] == list(range(513, 513 + 512))
     assert all(b - a >= 2 for a, b in zip(scatter, scatter[1:], strict=False))  # nothing adjacent to merge
     _, traced = T.kv_slots(shape, 64, 16, 1, "trace", [False, True, False])
     # blocks 0-1 and 2-3 adjacent, a break between them, in each layer's region
