@@ -354,6 +354,23 @@ def _enter_cgroups(dirs: list[Path]) -> Callable[[], None]:
     return enter
 
 
+def _cgroup_env() -> dict[str, str]:
+    """How the nodes' systemd sees cgroups. Where the controller has a cgroup2 hierarchy beside the v1 ones (hybrid:
+    /sys/fs/cgroup/unified), nspawn gives the node the same, and the node's systemd learns from cgroup2 when a unit's
+    last process is gone. On pure v1 it cannot in a container: every stop of a unit whose main process leaves a child
+    (vLLM's resource tracker) waited TimeoutStopSec after the final SIGKILL and ended "failed (timeout)"."""
+    return {} if _fs_type(CGROUP_ROOTS[0]) == "cgroup2" else {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "0"}
+
+
+def _fs_type(path: Path) -> str:
+    """The file system type mounted at ``path`` (/proc/self/mountinfo), or "" when nothing is mounted there."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        if left.split()[4] == str(path):
+            return right.split()[0]
+    return ""
+
+
 def _boot(host: TestHost, root: Path) -> int:
     sd = host.state_dir()
     dirs = _cgroup_dirs(host)
@@ -373,7 +390,7 @@ def _boot(host: TestHost, root: Path) -> int:
     log = open(sd / "console.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_enter_cgroups(dirs),
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "0"},
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **_cgroup_env()},
     )  # fmt: skip
     log.close()
     _pidfile(host).write_text(str(proc.pid))
