@@ -959,7 +959,16 @@ def ucx_env(facts: Facts, expect: Expect) -> Outcome:
     interfaces = (facts.get("netdevs") or {}).get("interfaces") or {}
     numa = _gpu_numa(facts)
     problems, unknown, seen = [], [], []
+    # GPUs without an active NVLink: UCX's auto turns cuda_ipc GET off there, and vLLM's NIXL READ between two GPUs
+    # of this host falls back to tcp (docs/runs/2026-12-03-h200x1-get-zcopy). One GPU has no pair on the host.
+    gpus = _devices(facts) if expect.gpu else []
+    no_nvlink = [str(d.get("index")) for d in gpus if not any(lk.get("active") for lk in d.get("nvlinks") or [])]
     for name, env in sorted(files.items()):
+        get_zcopy = (env.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY") or "").lower()
+        if len(gpus) > 1 and no_nvlink and get_zcopy not in ("y", "yes", "on", "1"):
+            problems.append(f"{name}: UCX_CUDA_IPC_ENABLE_GET_ZCOPY={get_zcopy or 'unset (auto)'} and GPU "
+                            f"{','.join(no_nvlink)} without an active NVLink: cuda_ipc GET is off, KV READs go over "
+                            "tcp")  # fmt: skip
         tls = env.get("UCX_TLS")
         if tls:
             missing = [n for n in required_transports(expect) if not any(ucx_tls_allows(tls, a) for a in n.split("|"))]
@@ -1000,7 +1009,8 @@ def ucx_env(facts: Facts, expect: Expect) -> Outcome:
         return fail(
             _join(problems),
             "Re-run the ucx role (it picks each GPU's closest NIC from sysfs and the RoCE v2 GID index from the "
-            "rdma_roce role); check `ibv_devinfo -v` and `show_gids` for the index of the rail address.",
+            "rdma_roce role, and sets UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y: ucx_cuda_ipc_get_zcopy); check "
+            "`ibv_devinfo -v` and `show_gids` for the index of the rail address.",
         )
     if unknown:
         return warn("cannot verify: " + _join(unknown), "Record the GPUs' and NICs' numa_node from sysfs.")

@@ -95,7 +95,11 @@ def to_checks(report: dict[str, Any], host: str = "") -> list[CheckResult]:
         if r.gbps is None:
             evidence = r.error or r.reason or "no measurement"
         else:
-            link = f"{_pct(r.eff_link)} of the {r.link_gbps:.0f} GB/s link" if r.link_gbps else "no link limit known"
+            link = (
+                "one GPU, no link" if r.same_device
+                else f"{_pct(r.eff_link)} of the {r.link_gbps:.0f} GB/s link" if r.link_gbps
+                else "no link limit known"
+            )  # fmt: skip
             copy = f"{_pct(r.eff_copy)} of a raw copy ({r.copy_gbps:.0f} GB/s)" if r.copy_gbps else "no raw copy"
             lat = f"{r.latency_s * 1e6:.0f} us" if r.latency_s is not None else "n/a"
             evidence = (

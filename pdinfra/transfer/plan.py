@@ -94,6 +94,12 @@ class SessionSpec:
         return max((c.span for c in self.cases), default=0)
 
     @property
+    def same_device(self) -> bool:
+        """Both processes on one GPU (a one-GPU host): no link between them, and no KV path of a serving host (one
+        instance per GPU)."""
+        return not self.peer and self.initiator.mem == self.target.mem == "VRAM" and self.initiator == self.target
+
+    @property
     def pair(self) -> str:
         if self.peer:
             return "node-node"

@@ -29,7 +29,7 @@ from pdinfra.transfer.plan import (
     plan_sessions,
 )
 from pdinfra.transfer.ucxproto import parse_proto_info, select_transports
-from pdinfra.transfer.verdicts import CaseResult, finish_result, ucx_module_dir
+from pdinfra.transfer.verdicts import CaseResult, explain_sessions, finish_result, ucx_module_dir
 from pdinfra.transfer.worker import _initiator_main, _target_main
 
 # --------------------------------------------------------------------------------------------------
@@ -147,7 +147,8 @@ def run_session(
         spec.label, spec.initiator.label, spec.target.label, spec.pair, spec.num_threads, dict(spec.ucx_env)
     )
     module_dir = ucx_module_dir()
-    link = (link_gbps or {}).get(spec.pair)
+    # a same-GPU pair has no link: its bandwidth is judged against the raw copy on that GPU only
+    link = None if spec.same_device else (link_gbps or {}).get(spec.pair)
     results: list[CaseResult] = []
 
     def blank(case: CaseSpec) -> CaseResult:
@@ -166,6 +167,7 @@ def run_session(
             bytes_per_xfer=case.bytes_per_xfer,
             ucx_env=dict(spec.ucx_env),
             kv=case.kv,
+            same_device=spec.same_device,
         )
 
     span = spec.span
@@ -263,6 +265,7 @@ def run_session(
         ]
         res.transport_rows = sorted(set(rows))
         finish_result(res, report.copy.get(res.op), link, gpu_host, module_dir)
+    explain_sessions(results, gpu_host)
     report.wall_s = time.monotonic() - t_start
     return report, results
 
@@ -383,7 +386,7 @@ def regrade(results: list[CaseResult], gpu_host: bool, module_dir: str | None = 
     """Recompute efficiencies and verdicts of stored results with the current rules."""
     for res in results:
         finish_result(res, res.copy_gbps, res.link_gbps, gpu_host, module_dir)
-    return results
+    return explain_sessions(results, gpu_host)
 
 
 def any_fail(results: list[CaseResult]) -> bool:

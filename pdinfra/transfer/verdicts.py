@@ -51,11 +51,15 @@ class CaseResult:
     error: str = ""
     ucx_env: dict[str, str] = field(default_factory=dict)
     kv: dict[str, Any] | None = None
+    same_device: bool = False  # both processes on one GPU (plan.SessionSpec.same_device)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseResult:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        res = cls(**{k: v for k, v in data.items() if k in names})
+        if "same_device" not in data:  # a report written before the field existed
+            res.same_device = res.pair == "gpu-gpu" and res.initiator == res.target
+        return res
 
 
 def ucx_module_dir() -> str | None:
@@ -81,6 +85,16 @@ def tcp_remedy(module_dir: str | None = None) -> str:
         "`nvidia-smi topo -m` shows NV# between the GPUs and P2P is OK (cuda_ipc needs peer access)"
     )
 
+
+def get_zcopy_remedy() -> str:
+    return (
+        "set UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y for the KV path (the ucx role writes it to /etc/pdinfra/ucx.env on GPU "
+        "hosts: ucx_cuda_ipc_get_zcopy): vLLM's decode instances READ the prefill's KV, and UCX's default (auto) "
+        "turns cuda_ipc GET off on GPUs without an active NVLink, leaving tcp"
+    )
+
+
+SAME_GPU = "two processes on one GPU (a one-GPU host: no GPU pair, not a KV path of this host)"
 
 LARGE_XFER = 256 * MIB
 MIN_LINK_EFF = 0.5
@@ -139,6 +153,8 @@ def judge(res: CaseResult, gpu_host: bool, module_dir: str | None = None) -> tup
     if res.checksum_ok is False:
         return "fail", "data arrived corrupted (checksum mismatch)", "re-run; check GPU ECC/Xid and UCX version"
     if res.pair == "gpu-gpu" and gpu_host and "tcp" in transports:
+        if res.same_device:
+            return "warn", f"{SAME_GPU} went over tcp (software emulation)", tcp_remedy(module_dir)
         return "fail", "GPU-to-GPU transfer went over tcp (software emulation)", tcp_remedy(module_dir)
     if not transports:
         return "warn", "transport not detected (no UCX_PROTO_INFO table for this operation)", ""
@@ -186,11 +202,35 @@ def finish_result(
 ) -> CaseResult:
     """Fill in the efficiency columns and the verdict."""
     res.copy_gbps = copy_gbps
-    res.link_gbps = link_gbps
+    res.link_gbps = None if res.same_device else link_gbps  # one GPU: no link, the copy on that GPU is the bound
     if res.gbps is not None:
         res.eff_copy = res.gbps / copy_gbps if copy_gbps else None
-        res.eff_link = res.gbps / link_gbps if link_gbps else None
+        res.eff_link = res.gbps / res.link_gbps if res.link_gbps else None
     if res.latency_s is not None and res.descs:
         res.desc_us = res.latency_s / res.descs * 1e6
     res.verdict, res.reason, res.remedy = judge(res, gpu_host, module_dir)
     return res
+
+
+def explain_sessions(results: list[CaseResult], gpu_host: bool) -> list[CaseResult]:
+    """What only the cases of one session together tell: READ between two GPU buffers over tcp while WRITE between
+    the same buffers used cuda_ipc is UCX's cuda_ipc GET turned off (UCX_CUDA_IPC_ENABLE_GET_ZCOPY=auto disables it
+    on GPUs without an active NVLink), not a missing CUDA path. A fail between two GPUs (vLLM's decode READs), a
+    warn on one GPU (not a KV path there)."""
+    if not gpu_host:
+        return results
+    by_session: dict[str, list[CaseResult]] = {}
+    for res in results:
+        by_session.setdefault(res.session, []).append(res)
+    for cases in by_session.values():
+        wrote_ipc = any(r.op == "WRITE" and "cuda_ipc" in r.transport.split("+") for r in cases)
+        for r in cases:
+            if not (wrote_ipc and r.pair == "gpu-gpu" and r.op == "READ" and "tcp" in r.transport.split("+")):
+                continue
+            if r.error or r.checksum_ok is False:
+                continue
+            what = SAME_GPU if r.same_device else "GPU-to-GPU READ"
+            r.verdict = "warn" if r.same_device else "fail"
+            r.reason = f"{what} went over tcp while WRITE between the same buffers used cuda_ipc: cuda_ipc GET is off"
+            r.remedy = get_zcopy_remedy()
+    return results

@@ -35,6 +35,10 @@ EXPECT = {
 Mutator = Callable[[dict[str, Any]], Any]
 
 
+def _nvlinks_down(i: int) -> Mutator:
+    return lambda f: [lk.update(active=False) for lk in f["gpus"]["devices"][i]["nvlinks"]]
+
+
 def _dev(i: int, **kw: Any) -> Mutator:
     return lambda f: f["gpus"]["devices"][i].update(kw)
 
@@ -94,6 +98,7 @@ FAIL_CASES: list[tuple[str, str, Mutator, dict[str, Any]]] = [
     ("UCX NIC on the other NUMA node", "ucx.env",
      lambda f: f["ucx"]["env_files"]["ucx-gpu6.env"].update(UCX_NET_DEVICES="mlx5_0:1"), {}),
     ("UCX NIC port down", "ucx.env", _port0(state="DOWN"), {}),
+    ("GPU 3's NVLinks down, cuda_ipc GET left to UCX's auto", "ucx.env", _nvlinks_down(3), {}),
     ("UCX without cuda_ipc", "ucx.transports", lambda f: f["ucx"]["transports"].pop("cuda_ipc"), {}),
     ("UCX without verbs", "ucx.transports",
      lambda f: [f["ucx"]["transports"].pop(t, None) for t in ("rc_mlx5", "rc_verbs")], {}),
@@ -140,6 +145,20 @@ def _run(case: tuple[str, str, Mutator, dict[str, Any]]) -> dict[str, checks.Che
 def test_the_good_host_has_no_failure():
     out = {r.id: r for r in checks.run_checks(copy.deepcopy(GOOD), checks.Expect.from_dict(EXPECT))}
     assert [i for i, r in out.items() if r.verdict == checks.FAIL] == []
+
+
+def test_nvlink_down_with_cuda_ipc_get_forced_on_is_no_ucx_problem():
+    """With UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (what the ucx role writes) a GPU without NVLink still READs over
+    cuda_ipc: ucx.env passes, gpu.nvlink alone reports the links."""
+
+    def mutate(f):
+        _nvlinks_down(3)(f)
+        for env in f["ucx"]["env_files"].values():
+            env["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] = "y"
+
+    out = _run(("", "", mutate, {}))
+    assert out["ucx.env"].verdict == checks.PASS, out["ucx.env"]
+    assert out["gpu.nvlink"].verdict == checks.FAIL
 
 
 @pytest.mark.parametrize("case", FAIL_CASES, ids=[c[0] for c in FAIL_CASES])

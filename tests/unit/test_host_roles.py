@@ -160,6 +160,8 @@ def test_golden_ucx_env_contents():
     assert host["UCX_TLS"] == "rc_x,cuda_ipc,cuda_copy,tcp,self,sm"
     assert host["UCX_NET_DEVICES"] == ",".join(f"mlx5_{i}:1" for i in range(8))
     assert host["UCX_IB_GID_INDEX"] == "3"
+    # vLLM's decode READs the KV: cuda_ipc GET on, also where UCX's auto would turn it off (no active NVLink)
+    assert host["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "y"
     for gpu in range(8):
         assert f"UCX_NET_DEVICES=mlx5_{gpu}:1\n" in files[f"etc/pdinfra/ucx-gpu{gpu}.env"]
 

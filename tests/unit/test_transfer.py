@@ -191,6 +191,53 @@ def test_recorded_h200_results():
     assert "does not enable CUDA memory support" in no_cuda[0].error
 
 
+def test_a_healthy_one_gpu_host_has_no_fail_and_the_same_gpu_pair_is_not_judged_against_pcie():
+    """Recorded on a one-GPU H200 host (docs/runs/2026-12-01-h200x1-final-catalog): READ between two processes on
+    the GPU went over tcp while WRITE used cuda_ipc, and every row was judged against the 63 GB/s PCIe link. Now:
+    no fail, the READ rows say why (cuda_ipc GET off) and what to set, and a same-GPU pair has no link limit."""
+    _, results = T.load_results(FIXTURES / "h200x1-final-catalog.json")
+    T.regrade(results, gpu_host=True)
+    assert not T.any_fail(results), [(r.case, r.reason) for r in results if r.verdict == "fail"]
+    same = [r for r in results if r.pair == "gpu-gpu"]
+    assert same and all(r.same_device and r.link_gbps is None and r.eff_link is None for r in same)
+    reads = [r for r in same if r.op == "READ"]
+    assert reads and all(r.transport == "tcp" and r.verdict == "warn" for r in reads)
+    assert all("cuda_ipc GET is off" in r.reason and "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in r.remedy for r in reads)
+    assert "UCX_MODULE_DIR" not in reads[0].remedy  # the CUDA path exists: WRITE used it
+    one_gib = next(r for r in same if r.case == "WRITE 1x1GiB")
+    assert one_gib.verdict == "pass" and one_gib.eff_copy > 0.9  # against the GPU's own copy (2 112 GB/s)
+
+
+def test_cuda_ipc_get_forced_on_moves_the_same_gpu_read_off_tcp():
+    """Recorded on a one-GPU H200 host (docs/runs/2026-12-03-h200x1-get-zcopy): with UCX's default the READ rows go
+    over tcp at 0.3-0.7 GB/s; with UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y the same cases use cuda_ipc, 1 GiB at about
+    2 080 GB/s. This is why the ucx role writes that variable on GPU hosts."""
+    _, results = T.load_results(FIXTURES / "h200x1-get-zcopy.json")
+    T.regrade(results, gpu_host=True)
+    default = [r for r in results if r.op == "READ" and not r.ucx_env]
+    forced = [r for r in results if r.op == "READ" and r.ucx_env.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY") == "y"]
+    assert default and all(r.transport == "tcp" and r.gbps < 1.0 for r in default)
+    assert forced and all(r.transport == "cuda_ipc" for r in forced)
+    assert next(r for r in forced if r.case == "READ 1x1GiB").gbps > 1500
+    assert not T.any_fail(results)
+
+
+def test_read_over_tcp_between_two_gpus_while_write_used_cuda_ipc_fails_with_the_get_remedy():
+    """Two GPUs of one host without an active NVLink (UCX's auto turns cuda_ipc GET off): vLLM's decode READ would
+    go over tcp. A fail naming UCX_CUDA_IPC_ENABLE_GET_ZCOPY; on one GPU the same pattern is a warn."""
+    two = [_res(op="WRITE", transport="cuda_ipc", gbps=380.0, target="VRAM0"),
+           _res(op="READ", transport="tcp", gbps=0.6, target="VRAM0")]  # fmt: skip
+    for r in two:
+        T.finish_result(r, 392.0, 478.0, True)
+    T.regrade(two, gpu_host=True)
+    assert two[1].verdict == "fail" and "cuda_ipc GET is off" in two[1].reason
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in two[1].remedy
+    one = [_res(op="WRITE", transport="cuda_ipc", gbps=380.0, same_device=True),
+           _res(op="READ", transport="tcp", gbps=0.6, same_device=True)]  # fmt: skip
+    T.regrade(one, gpu_host=True)
+    assert one[1].verdict == "warn" and "one GPU" in one[1].reason
+
+
 def test_render_table_of_recorded_results():
     from rich.console import Console
 
