@@ -36,6 +36,16 @@ class Api:
         return openai.OpenAI(base_url=self.router + "/v1", api_key=self.key, max_retries=0, timeout=120, **kw)
 
 
+def api_of(inventory) -> Api:
+    """The router, key and instances of the cluster ``inventory`` describes (the local test hosts)."""
+    from e2e_helpers import api_key
+
+    from pdinfra.cluster.inventory import load_cluster
+
+    model = load_cluster(inventory)
+    return Api(router=model.router.url, key=api_key(), instances=[i.url for i in model.instances])
+
+
 def assert_still_serving(api: Api) -> None:
     out = api.client().completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0)
     assert out.choices[0].text and out.usage.completion_tokens == 2, out

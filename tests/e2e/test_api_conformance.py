@@ -1,25 +1,19 @@
 """The OpenAI API through the router with the official ``openai`` SDK, on the NIXL PD layout of the local cluster
-(the Mooncake PD module runs the same cases on its connector): completions and chat, streaming with usage, n,
-stop, seed, echo, logprobs, prompt_logprobs, max_tokens omitted, bad requests answered 4xx with vLLM's message, a
-client that disconnects mid-stream (nothing left running, KV released) and a concurrent burst. After every case
-the service must still answer. Exercised for real: vLLM CPU 0.32, NIXL over UCX TCP, vllm-router 0.1.17, the
-gateway. Not exercised: GPU vLLM (its sampler compiles with Triton, not inductor: serving.toolchain checks both).
+(the Mooncake PD module runs the same cases on its connector, test_local_cluster on the aggregated layout):
+completions and chat, streaming with usage, n, stop, seed, echo, logprobs, prompt_logprobs, max_tokens omitted,
+bad requests answered 4xx with vLLM's message, a client that disconnects mid-stream (nothing left running, KV
+released) and a concurrent burst. After every case the service must still answer. Exercised for real: vLLM CPU
+0.32, NIXL over UCX TCP, vllm-router 0.1.17, the gateway. Not exercised: GPU vLLM (its sampler compiles with
+Triton, not inductor: serving.toolchain checks both).
 """
 
 from __future__ import annotations
 
 import pytest
-from api_cases import CASES, Api, assert_still_serving
-from e2e_helpers import E2E_MARKS, INV, api_key
-
-from pdinfra.cluster.inventory import load_cluster
+from api_cases import CASES, Api, api_of, assert_still_serving
+from e2e_helpers import E2E_MARKS, INV
 
 pytestmark = E2E_MARKS
-
-
-def api_of(inventory) -> Api:
-    model = load_cluster(inventory)
-    return Api(router=model.router.url, key=api_key(), instances=[i.url for i in model.instances])
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 
 import pytest
+from api_cases import CASES, api_of, assert_still_serving
 from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, REPO, conformance, playbook, recap, run
 from render_units import HGX, render
 
@@ -225,6 +226,27 @@ def test_validate_transfer_between_the_two_nodes(cluster):
     assert len(peer) == 10, (peer, res.stderr[-3000:])
     assert all("over tcp" in c["evidence"] and "GB/s" in c["evidence"] for c in peer), peer
     assert not [c for c in checks if c["verdict"] == "fail"], [c for c in checks if c["verdict"] == "fail"]
+
+
+# ----------------------------------------------------------------------------- the OpenAI API on the aggregated layout
+@pytest.fixture(scope="module")
+def aggregated(cluster):
+    """The instances redeployed as aggregated servers with the bench's own command (pdinfra.bench.live
+    LayoutDeployer): the bench sweep right after these cases deploys agg again with nothing to change, then pd."""
+    from pdinfra.bench.live import LAYOUT_TAGS
+
+    res = playbook("--tags", LAYOUT_TAGS, "-e", "pdinfra_layout=agg", "-e", "vllm_instance_rolling=false",
+                   log="69-agg-layout")  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:]
+    return api_of(INV)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_openai_sdk_through_the_router_on_aggregated(aggregated, case):
+    """The API suite of test_api_conformance (NIXL PD) and the Mooncake PD module, on the aggregated layout: every
+    instance computes its own prompts behind the same router and gateway."""
+    CASES[case](aggregated)
+    assert_still_serving(aggregated)
 
 
 def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
