@@ -44,7 +44,7 @@ PROFILES: dict[str, HardwareProfile] = {
         ),
         HardwareProfile(
             "hgx-h200-2gpu",
-            "Two GPUs of an HGX H200 baseboard (the lent nvidia-h200-x2 machine): NVLink 4.0 x18, NVSwitch fabric, "
+            "Two GPUs of an HGX H200 baseboard: NVLink 4.0 x18, NVSwitch fabric, "
             "no RDMA rails.",
             {"role": "gpu", "gpu_count": 2, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True},
         ),

@@ -1,4 +1,4 @@
-"""`pdinfra facts` recorded live on a real 2×H200 NVLink host (lent machine nvidia-h200-x2, 2026-11-29).
+"""`pdinfra facts` recorded live on a real 2×H200 NVLink host (two GPUs of an HGX H200 board, 2026-11-29).
 
 The facts were gathered by pdinfra itself through NVML and cuda-bindings; this replays them through the
 validator, as `pdinfra validate --facts` does.
