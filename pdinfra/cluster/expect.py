@@ -22,6 +22,13 @@ def parse_version_tuple(release: str) -> list[int] | None:
     return [int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)]
 
 
+# The integer health thresholds of Expect (each must be an integer >= 0; docs/validation.md, "Expectations").
+THRESHOLD_KEYS = (
+    "nvlink_recovery_max", "nvlink_crc_data_max", "nvlink_replay_max", "pcie_aer_correctable_max",
+    "rdma_link_downed_max", "rdma_link_error_recovery_max",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class RdmaExpect:
     netdev: str
@@ -49,6 +56,26 @@ class Expect:
     min_kernel: str = "5.12"
     pd_hosts: int = 1
     roce_qos: dict[str, Any] | None = None  # {pfc_priority, ecn, dscp_trust, roce_mode} of the rails
+    ecc: bool | None = None  # ECC on every GPU (the HGX profiles: data-center GPUs ship with it on)
+    # Health thresholds: the most a counter may read (since boot, driver load or the counters' last reset) before
+    # the check complains. Counters since boot cannot give a rate, so each figure is a count, not DCGM's per-second.
+    # NVLink, per link: DCGM's health watch calls any new recovery critical (DCGM_FR_NVLINK_ERROR_CRITICAL), as do
+    # Meta's GCM defaults (threshold 0): a recovery is the link retraining under traffic.
+    nvlink_recovery_max: int = 0
+    # pdinfra's own: DCGM fails CRC errors at 100 per second (DCGM_LIMIT_MAX_NVLINK_CRC_ERROR, "RM has informed us
+    # that CRC errors only matter at rates of 100+ per second"); 100 since boot is at most one such second.
+    nvlink_crc_data_max: int = 100
+    # pdinfra's own (warn only): replays retransmit what a CRC error dropped; a handful is noise, hundreds a marginal
+    # link (DCGM and GCM alarm at the first, on a window rather than since boot).
+    nvlink_replay_max: int = 100
+    # pdinfra's own (warn only): correctable AER errors are retried by the link itself (GCM reports them as
+    # informational); hundreds since boot point at signal integrity (riser, slot, retimer).
+    pcie_aer_correctable_max: int = 100
+    # azurehpc-health-checks' check_ib_link_flapping: one flap is tolerated, a second (within 6 h) fails.
+    rdma_link_downed_max: int = 1
+    # pdinfra's own: each link error recovery is a retrain that stalls the rail for a moment; GCM's IB counter
+    # check goes critical above 100 errors of all kinds together.
+    rdma_link_error_recovery_max: int = 10
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Expect:
@@ -71,8 +98,12 @@ class Expect:
         for key, low in (("gpu_count", 0), ("nvlinks_per_gpu", 0), ("pd_hosts", 1)):
             if data.get(key) is not None:
                 data[key] = integer(key, data[key], low)
-        if data.get("fabric") is not None and not isinstance(data["fabric"], bool):
-            raise ValueError(f"fabric must be true or false, not {data['fabric']!r}")
+        for key in THRESHOLD_KEYS:
+            if key in data:
+                data[key] = integer(key, data[key], 0)
+        for key in ("fabric", "ecc"):
+            if data.get(key) is not None and not isinstance(data[key], bool):
+                raise ValueError(f"{key} must be true or false, not {data[key]!r}")
         if not isinstance(data.get("rdma", []), (list, type(None))):
             raise ValueError(f"rdma must be a list of rails, not {data['rdma']!r}")
         if data.get("driver_version") is not None and not isinstance(data["driver_version"], str):

@@ -31,14 +31,16 @@ PROFILES: dict[str, HardwareProfile] = {
         HardwareProfile(
             "hgx-h100-8gpu",
             "HGX H100 8-GPU: NVLink 4.0 x18 per GPU into 4 NVSwitches, 8x 400G RoCE rails.",
-            {"role": "gpu", "gpu_count": 8, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True},
+            {"role": "gpu", "gpu_count": 8, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
+             "ecc": True},
             rail_speed_mbps=400_000,
             rail_count=8,
         ),
         HardwareProfile(
             "hgx-h200-8gpu",
             "HGX H200 8-GPU: NVLink 4.0 x18 per GPU into 4 NVSwitches, 8x 400G RoCE rails.",
-            {"role": "gpu", "gpu_count": 8, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True},
+            {"role": "gpu", "gpu_count": 8, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
+             "ecc": True},
             rail_speed_mbps=400_000,
             rail_count=8,
         ),
@@ -46,7 +48,8 @@ PROFILES: dict[str, HardwareProfile] = {
             "hgx-h200-2gpu",
             "Two GPUs of an HGX H200 baseboard: NVLink 4.0 x18, NVSwitch fabric, "
             "no RDMA rails.",
-            {"role": "gpu", "gpu_count": 2, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True},
+            {"role": "gpu", "gpu_count": 2, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
+             "ecc": True},
         ),
     )
 }

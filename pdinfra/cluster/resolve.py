@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pdinfra.cluster import kvshape, profiles, schema
-from pdinfra.cluster.expect import Expect
+from pdinfra.cluster.expect import THRESHOLD_KEYS, Expect
 from pdinfra.cluster.model import Cluster, Firewall, Host, Instance, KVStore, Model, Monitoring, Rail, Router, Secrets
 from pdinfra.cluster.schema import PDINFRA, Var
 from pdinfra.cluster.slo import SLO
@@ -1193,7 +1193,8 @@ def _expect(
                            f"{_suggest(str(k), list(EXPECT_KEYS))}", host)  # fmt: skip
                     continue
                 # Ansible templating gives strings: a quoted number is the number it spells
-                if k in ("gpu_count", "nvlinks_per_gpu", "pd_hosts") and isinstance(v, str) and v.strip().isdigit():
+                if k in ("gpu_count", "nvlinks_per_gpu", "pd_hosts", *THRESHOLD_KEYS) and isinstance(v, str) \
+                        and v.strip().isdigit():
                     v = int(v)
                 expect[k] = v
     try:

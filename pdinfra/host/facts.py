@@ -86,6 +86,50 @@ PEERMEM_SYSFS = (
     "sys/kernel/mm/memory_peers/nv_mem/version",
 )
 FABRIC_MANAGER_BINARIES = ("nv-fabricmanager", "nvidia-fabricmanager")
+# NVML's clock event ("throttle" before driver 535) reason bits (nvml.h, nvmlClocksEventReason*), by name.
+CLOCK_EVENT_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+# nvmlDeviceGetNvLinkErrorCounter's counters: (fact key, pynvml constant, its value in nvml.h).
+NVLINK_ERROR_COUNTERS = (
+    ("replay", "NVML_NVLINK_ERROR_DL_REPLAY", 0),
+    ("recovery", "NVML_NVLINK_ERROR_DL_RECOVERY", 1),
+    ("crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT", 2),
+    ("crc_data", "NVML_NVLINK_ERROR_DL_CRC_DATA", 3),
+)
+# The same counters summed over a GPU's links, as NVML field values (what DCGM reads): recorded beside the per-link
+# ones, the fallback where a driver answers NotSupported per link.
+NVLINK_ERROR_TOTAL_FIELDS = (
+    ("replay", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+    ("recovery", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+    ("crc_flit", "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
+    ("crc_data", "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+)
+# nvmlFieldValue_t's value union member by nvmlValueType_t.
+NVML_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+# PCIe AER counters of a PCI function (sysfs-bus-pci-devices-aer_stats): (fact key, file, its total line).
+AER_FILES = (
+    ("correctable", "aer_dev_correctable", "TOTAL_ERR_COR"),
+    ("nonfatal", "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+    ("fatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"),
+)
+# Link flap counters of an RDMA port (sysfs-class-infiniband: ports/<n>/counters/).
+RDMA_PORT_COUNTERS = ("link_downed", "link_error_recovery")
+# Where the NVIDIA driver's Xid events are read from: this boot's kernel messages from the journal, else the
+# kernel ring buffer (which may have wrapped on a long-running host).
+KERNEL_LOG_COMMANDS: tuple[tuple[str, ...], ...] = (
+    ("journalctl", "-k", "-b", "--no-pager", "-o", "short-iso"),
+    ("dmesg",),
+)
+MAX_XID_ROWS = 200
 
 
 class Host:
@@ -153,6 +197,7 @@ RECORDED_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("nv-fabricmanager", "--version"),
     ("nvidia-fabricmanager", "--version"),
     ("systemctl", "is-active", "nvidia-fabricmanager"),
+    *KERNEL_LOG_COMMANDS,
 )
 
 
@@ -323,6 +368,82 @@ def _nvml_call(fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+def _nvml_get(pynvml: Any, name: str, *args: Any) -> Any:
+    """``pynvml.<name>(*args)``, or None where this nvidia-ml-py lacks the function or NVML does not support it."""
+    fn = getattr(pynvml, name, None)
+    return None if fn is None else _nvml_call(fn, *args)
+
+
+def _count(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def decode_clock_reasons(mask: int) -> list[str]:
+    """NVML's clock event reason bitmask -> names (unknown bits as hex, so that nothing set goes unseen)."""
+    names = [name for bit, name in sorted(CLOCK_EVENT_REASONS.items()) if mask & bit]
+    rest = mask & ~sum(CLOCK_EVENT_REASONS)
+    return names + ([hex(rest)] if rest else [])
+
+
+def _nvml_field_values(pynvml: Any, handle: Any, fields: tuple[tuple[str, str], ...]) -> dict[str, int | None]:
+    """Field values by fact key (None: this nvidia-ml-py lacks the field, or NVML answered an error for it)."""
+    out: dict[str, int | None] = {key: None for key, _ in fields}
+    wanted = [(key, getattr(pynvml, const)) for key, const in fields if getattr(pynvml, const, None) is not None]
+    values = _nvml_get(pynvml, "nvmlDeviceGetFieldValues", handle, [fid for _, fid in wanted]) if wanted else None
+    if values is None:
+        return out
+    for (key, _), value in zip(wanted, values, strict=False):
+        try:
+            if int(value.nvmlReturn) == 0:
+                out[key] = int(getattr(value.value, NVML_VALUE_MEMBERS[int(value.valueType)]))
+        except Exception:  # an unexpected value type: the field is unknown, never a guess
+            continue
+    return out
+
+
+def _remapped_rows(remap: Any) -> dict[str, Any] | None:
+    """nvmlDeviceGetRemappedRows' (corrected, uncorrected, pending, failure) -> a dict; None if not that."""
+    if not isinstance(remap, (list, tuple)) or len(remap) != 4 or any(_count(v) is None for v in remap):
+        return None
+    corrected, uncorrected, pending, failure = (int(v) for v in remap)
+    return {"corrected": corrected, "uncorrected": uncorrected, "pending": bool(pending), "failure": bool(failure)}
+
+
+def _nvml_health(pynvml: Any, h: Any) -> dict[str, Any]:
+    """ECC, row remapping, retired pages and clock event reasons of one GPU; every field None when unsupported."""
+    unc = getattr(pynvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    volatile, aggregate = getattr(pynvml, "NVML_VOLATILE_ECC", 0), getattr(pynvml, "NVML_AGGREGATE_ECC", 1)
+    sram = getattr(pynvml, "NVML_MEMORY_LOCATION_SRAM", 7)
+    mode = _nvml_get(pynvml, "nvmlDeviceGetEccMode", h)  # [current, pending]
+    current, pending = (mode[0], mode[1]) if isinstance(mode, (list, tuple)) and len(mode) == 2 else (None, None)
+    remap = _nvml_get(pynvml, "nvmlDeviceGetRemappedRows", h)  # (corrected, uncorrected, pending, failure)
+    retired = _nvml_get(pynvml, "nvmlDeviceGetRetiredPagesPendingStatus", h)  # NotSupported on A100 and newer
+    reasons = _nvml_get(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", h)
+    if reasons is None:
+        reasons = _nvml_get(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
+    reasons = _count(reasons)
+    return {
+        "ecc_mode": None if current is None else bool(current),
+        "ecc_mode_pending": None if pending is None else bool(pending),
+        "ecc_uncorrected": {
+            "volatile": _count(_nvml_get(pynvml, "nvmlDeviceGetTotalEccErrors", h, unc, volatile)),
+            "aggregate": _count(_nvml_get(pynvml, "nvmlDeviceGetTotalEccErrors", h, unc, aggregate)),
+        },
+        "sram_uncorrected": {
+            "volatile": _count(_nvml_get(pynvml, "nvmlDeviceGetMemoryErrorCounter", h, unc, volatile, sram)),
+            "aggregate": _count(_nvml_get(pynvml, "nvmlDeviceGetMemoryErrorCounter", h, unc, aggregate, sram)),
+        },
+        "remapped_rows": _remapped_rows(remap),
+        "retired_pages_pending": None if retired is None else bool(retired),
+        "clock_event_reasons": reasons,
+        "clock_event_names": None if reasons is None else decode_clock_reasons(reasons),
+        "nvlink_errors_total": _nvml_field_values(pynvml, h, NVLINK_ERROR_TOTAL_FIELDS),
+    }
+
+
 def _fabric(pynvml: Any, handle: Any) -> dict[str, Any] | None:
     attempts = (
         ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
@@ -369,6 +490,7 @@ def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
         },
         "nvlinks": [],
         "fabric": _fabric(pynvml, h),
+        "health": _nvml_call(_nvml_health, pynvml, h),  # None (unknown) rather than losing the whole GPU section
     }
     for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
         try:
@@ -382,6 +504,11 @@ def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
                 "active": bool(state),
                 "version": _nvml_call(pynvml.nvmlDeviceGetNvLinkVersion, h, link),
                 "remote_bus_id": _str(remote.busId).lower() if remote is not None else None,
+                "errors": {
+                    key: _count(_nvml_get(pynvml, "nvmlDeviceGetNvLinkErrorCounter", h, link,
+                                          getattr(pynvml, const, value)))
+                    for key, const, value in NVLINK_ERROR_COUNTERS
+                },  # fmt: skip
             }
         )
     return dev
@@ -515,13 +642,44 @@ def gpus_replay(host: Host) -> dict[str, Any]:
     return data
 
 
+def parse_aer(text: str) -> dict[str, int]:
+    """A sysfs ``aer_dev_*`` file ('BadTLP 0' lines, then 'TOTAL_ERR_COR 0') -> {name: count}."""
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.strip().rpartition(" ")
+        if name and value.isdigit():
+            out[name.strip()] = int(value)
+    return out
+
+
+def pci_aer(host: Host, base: str) -> dict[str, Any] | None:
+    """The AER counters of the PCI function at ``base`` (since boot): totals per severity, plus the non-zero named
+    counters in ``detail``; None when sysfs has none (no AER capability, kernel < 4.17, or not recorded)."""
+    out: dict[str, Any] = {}
+    detail: dict[str, dict[str, int]] = {}
+    for key, name, total in AER_FILES:
+        text = host.read(f"{base}/{name}")
+        if text is None:
+            out[key] = None
+            continue
+        counts = parse_aer(text)
+        out[key] = counts.get(total, sum(v for k, v in counts.items() if not k.startswith("TOTAL_")))
+        nonzero = {k: v for k, v in counts.items() if v and not k.startswith("TOTAL_")}
+        if nonzero:
+            detail[key] = nonzero
+    if all(v is None for v in out.values()):
+        return None
+    return out | ({"detail": detail} if detail else {})
+
+
 def add_sysfs_pcie(host: Host, gpus: dict[str, Any]) -> None:
-    """Next to NVML's view, record what sysfs says about each GPU's PCIe link."""
+    """Next to NVML's view, record what sysfs says about each GPU's PCIe link and its AER counters."""
     for dev in gpus.get("devices", []):
         bdf = dev.get("bus_id")
         if not bdf:
             continue
         base = f"sys/bus/pci/devices/{bdf}"
+        dev.setdefault("pcie", {})["aer"] = pci_aer(host, base)
         speed = host.line(f"{base}/current_link_speed")
         if speed is None:
             continue
@@ -642,6 +800,7 @@ def _rdma_port(host: Host, base: str, port: str) -> dict[str, Any]:
                 "ndev": host.line(f"{pbase}/gid_attrs/ndevs/{name}"),
             }
         )
+    counters = {c: _int(host.line(f"{pbase}/counters/{c}")) for c in RDMA_PORT_COUNTERS}
     return {
         "port": _int(port),
         "state": _sysfs_value(host.read(f"{pbase}/state")),
@@ -649,6 +808,7 @@ def _rdma_port(host: Host, base: str, port: str) -> dict[str, Any]:
         "link_layer": host.line(f"{pbase}/link_layer"),
         "rate": host.line(f"{pbase}/rate"),
         "gids": gids,
+        "counters": counters if any(v is not None for v in counters.values()) else None,
     }
 
 
@@ -681,6 +841,7 @@ def rdma(host: Host) -> dict[str, Any]:
                 "netdevs": host.listdir(f"{base}/device/net") or [],
                 "numa_node": _int(host.line(f"{base}/device/numa_node")),
                 "pcie": _pcie_link(host, f"{base}/device"),
+                "aer": pci_aer(host, f"{base}/device"),
                 "ports": ports,
             }
         )
@@ -848,6 +1009,64 @@ def ucx(host: Host) -> dict[str, Any]:
     return {"available": True, "transports": transports, "env_files": env_files}
 
 
+# --------------------------------------------------------------------------- kernel log (Xid events)
+
+# 'NVRM: Xid (PCI:0000:18:00): 79, pid=..., GPU has fallen off the bus.' (older drivers: no 'PCI:', or a function)
+XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.([0-7]))?\): (\d+),?\s*(.*)"
+)
+# A kernel message line as journalctl -o short-iso, dmesg or syslog print it.
+LOG_LINE_RE = re.compile(r"^(?:\d{4}-\d\d-\d\dT\S+\s|\[\s*\d+\.\d+\]|\w{3} [ \d]\d \d\d:\d\d:\d\d )")
+LOG_TIME_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\S+)|^\[\s*(\d+\.\d+)\]|^(\w{3} [ \d]\d \d\d:\d\d:\d\d)")
+
+
+def parse_xid_lines(text: str) -> list[dict[str, Any]]:
+    """Kernel log text -> one {bdf, xid, text, time} row per NVIDIA Xid event, in log order."""
+    rows = []
+    for line in text.splitlines():
+        m = XID_RE.search(line)
+        if not m:
+            continue
+        t = LOG_TIME_RE.match(line.strip())
+        when = None if t is None else t.group(1) or (f"{t.group(2)} s after boot" if t.group(2) else t.group(3))
+        rows.append(
+            {
+                "bdf": normalise_bdf(f"{m.group(1)}.{m.group(2) or '0'}"),
+                "xid": int(m.group(3)),
+                "text": m.group(4).strip()[:300],
+                "time": when,
+            }
+        )
+    return rows
+
+
+def kernel_log(host: Host) -> dict[str, Any]:
+    """The NVIDIA Xid events of this boot, from ``journalctl -k -b`` (else ``dmesg``; replayed from
+    ``pdinfra-cmd/``). ``readable`` is False when neither printed a single kernel message line (not installed, not
+    permitted, not recorded): no Xid then means "not known", never "none"."""
+    tried = []
+    for argv in KERNEL_LOG_COMMANDS:
+        found, out = host.run(list(argv))
+        if not found:
+            where = "on PATH" if host.live else f"recorded ({CMD_DIR}/{command_file_name(list(argv))})"
+            tried.append(f"{argv[0]} not {where}")
+            continue
+        lines = sum(1 for line in out.splitlines() if LOG_LINE_RE.match(line))
+        if not lines:
+            first = next((line.strip() for line in out.splitlines() if line.strip()), "no output")
+            tried.append(f"{argv[0]}: {first[:160]}")
+            continue
+        xids = parse_xid_lines(out)
+        return {
+            "readable": True,
+            "source": " ".join(argv),
+            "lines": lines,
+            "xids": xids[-MAX_XID_ROWS:],
+            "xids_dropped": max(0, len(xids) - MAX_XID_ROWS),
+        }
+    return {"readable": False, "source": None, "reason": "; ".join(tried), "xids": []}
+
+
 # --------------------------------------------------------------------------- serving instances, expectations
 
 
@@ -1009,6 +1228,7 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
         "pci": section("pci", lambda: pci_nvidia(host), {"available": False, "reason": "sysfs PCI scan crashed"}),
         "fabric_manager": section("fabric_manager", lambda: fabric_manager(host), {"installed": False}),
         "rdma": rdma_facts,
+        "kernel_log": section("kernel_log", lambda: kernel_log(host), {"readable": False, "xids": []}),
         "roce_qos": section("roce_qos", lambda: _all_qos(host, rdma_facts), {}),
         "netdevs": section("netdevs", lambda: netdevs(host), {"interfaces": {}}),
         "ucx": section("ucx", lambda: ucx(host), {"available": False, "transports": {}}),

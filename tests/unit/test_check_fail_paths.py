@@ -29,7 +29,7 @@ EXPECT = {
     "driver_version": "550.54.15", "pd_hosts": 2,
     "rdma": [{"netdev": f"enp{int(b, 16)}s0np0", "address": f"198.18.{i}.11/24", "mtu": 9000, "speed": 400000}
              for i, b in enumerate(NIC_BUSES)],
-    "roce_qos": {"pfc_priority": 3, "ecn": True, "dscp_trust": True, "roce_mode": "RoCE v2"},
+    "roce_qos": {"pfc_priority": 3, "ecn": True, "dscp_trust": True, "roce_mode": "RoCE v2"}, "ecc": True,
 }  # fmt: skip
 
 Mutator = Callable[[dict[str, Any]], Any]
@@ -45,6 +45,26 @@ def _dev(i: int, **kw: Any) -> Mutator:
 
 def _port0(**kw: Any) -> Mutator:
     return lambda f: f["rdma"]["devices"][0]["ports"][0].update(kw)
+
+
+def _health(i: int, **kw: Any) -> Mutator:
+    return lambda f: f["gpus"]["devices"][i]["health"].update(kw)
+
+
+def _link_errors(i: int, link: int, **kw: Any) -> Mutator:
+    return lambda f: f["gpus"]["devices"][i]["nvlinks"][link]["errors"].update(kw)
+
+
+def _xid(xid: int, text: str, bdf: str = "0000:5d:00.0") -> Mutator:
+    return lambda f: f["kernel_log"]["xids"].append({"bdf": bdf, "xid": xid, "text": text, "time": "2026-11-30T12:00"})
+
+
+def _gpu_aer(i: int, **kw: Any) -> Mutator:
+    return lambda f: f["gpus"]["devices"][i]["pcie"]["aer"].update(kw)
+
+
+def _port_counters(dev: int, **kw: Any) -> Mutator:
+    return lambda f: f["rdma"]["devices"][dev]["ports"][0]["counters"].update(kw)
 
 
 FAIL_CASES: list[tuple[str, str, Mutator, dict[str, Any]]] = [
@@ -76,6 +96,39 @@ FAIL_CASES: list[tuple[str, str, Mutator, dict[str, Any]]] = [
      lambda f: (f["fabric_manager"].update(installed=False),
                 f["gpus"]["devices"][0].update(fabric={"state": "Not Started", "status": None})), {}),
     ("no DMA_BUF_SUPPORTED", "gpu.dmabuf", _dev(4, cuda={"dma_buf_supported": 0}), {}),
+    ("uncorrectable ECC error since boot", "gpu.ecc", _health(3, ecc_uncorrected={"volatile": 2, "aggregate": 2}),
+     {}),
+    ("uncorrectable SRAM error since boot", "gpu.ecc",
+     _health(1, sram_uncorrected={"volatile": 1, "aggregate": 1}), {}),
+    ("ECC off where the profile expects it", "gpu.ecc", _health(6, ecc_mode=False, ecc_mode_pending=False), {}),
+    ("ECC off, on only after a reboot", "gpu.ecc", _health(6, ecc_mode=False, ecc_mode_pending=True), {}),
+    ("row remap pending", "gpu.row_remap",
+     _health(2, remapped_rows={"corrected": 0, "uncorrected": 1, "pending": True, "failure": False}), {}),
+    ("row remapping failed", "gpu.row_remap",
+     _health(2, remapped_rows={"corrected": 3, "uncorrected": 9, "pending": False, "failure": True}), {}),
+    ("page retirement pending (pre-Ampere)", "gpu.row_remap",
+     _health(0, remapped_rows=None, retired_pages_pending=True), {}),
+    ("HW slowdown", "gpu.clocks", _health(4, clock_event_reasons=0x8, clock_event_names=None), {}),
+    ("HW thermal slowdown", "gpu.clocks", _health(4, clock_event_reasons=0x48), {}),
+    ("HW power brake", "gpu.clocks", _health(4, clock_event_reasons=0x88), {}),
+    ("HW slowdown, names only", "gpu.clocks", _health(4, clock_event_reasons=None,
+                                                      clock_event_names=["hw_slowdown"]), {}),
+    ("NVLink recovery", "gpu.nvlink_errors", _link_errors(5, 3, recovery=1), {}),
+    ("NVLink CRC data errors", "gpu.nvlink_errors", _link_errors(5, 3, crc_data=101), {}),
+    ("NVLink recovery, GPU totals only", "gpu.nvlink_errors",
+     lambda f: ([lk.update(errors={}) for lk in f["gpus"]["devices"][7]["nvlinks"]],
+                f["gpus"]["devices"][7]["health"]["nvlink_errors_total"].update(recovery=4)), {}),
+    ("Xid 79: fallen off the bus", "gpu.xid", _xid(79, "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."),
+     {}),
+    ("Xid 48 on a GPU NVML no longer sees", "gpu.xid", _xid(48, "An uncorrectable double bit error", "0000:99:00.0"),
+     {}),
+    ("Xid 154: reset required", "gpu.xid",
+     _xid(154, "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"), {}),
+    ("GPU non-fatal AER", "pcie.aer", _gpu_aer(3, nonfatal=1, detail={"nonfatal": {"CmpltTO": 1}}), {}),
+    ("GPU fatal AER", "pcie.aer", _gpu_aer(3, fatal=1), {}),
+    ("rail NIC non-fatal AER", "pcie.aer", lambda f: f["rdma"]["devices"][5]["aer"].update(nonfatal=2), {}),
+    ("rail link went down twice", "rdma.link_flaps", _port_counters(2, link_downed=2), {}),
+    ("rail link retrained", "rdma.link_flaps", _port_counters(2, link_error_recovery=11), {}),
     ("rail port down", "rdma.ports", _port0(state="DOWN", phys_state="Disabled"), {}),
     ("no RDMA device", "rdma.ports", lambda f: f["rdma"].update(present=False, devices=[], reason="no mlx5"), {}),
     ("RoCE v1 only", "rdma.roce_v2_gid",

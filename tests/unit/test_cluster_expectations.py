@@ -62,8 +62,23 @@ def _verdicts(tree: str, expect: checks.Expect) -> dict[str, checks.CheckResult]
 def test_good_hgx_host_has_no_failure_under_the_model_expectations(expect):
     out = _verdicts("hgx-h100-8gpu-8roce", expect)
     assert [r.id for r in out.values() if r.verdict == checks.FAIL] == []
-    for cid in ("gpu.count", "gpu.pci_count", "gpu.nvlink", "gpu.fabric", "driver.version", "rdma.mtu"):
+    health = ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "rdma.link_flaps")
+    for cid in ("gpu.count", "gpu.pci_count", "gpu.nvlink", "gpu.fabric", "driver.version", "rdma.mtu", *health):
         assert out[cid].verdict == checks.PASS, out[cid]
+
+
+def test_the_hgx_profile_expects_ecc_and_health_thresholds_can_be_overridden():
+    hv, groups = _inventory()
+    hv["hgx-h100-01"]["pdinfra_expect"] = {"nvlink_replay_max": "500", "rdma_link_downed_max": 3}  # Ansible: strings
+    res = resolve(hv, groups)
+    assert res.ok, res.problems
+    data = res.cluster.host("hgx-h100-01").expect
+    assert data["ecc"] is True and data["nvlink_replay_max"] == 500 and data["rdma_link_downed_max"] == 3
+    e = checks.Expect.from_dict(data)
+    assert (e.nvlink_replay_max, e.rdma_link_downed_max, e.nvlink_recovery_max) == (500, 3, 0)
+    # the flapping rail of the fixture (3 downs) is within the raised threshold, not its 17 retrains
+    r = _verdicts("bad-rail-flapping", e)["rdma.link_flaps"]
+    assert r.verdict == checks.FAIL and "link_downed" not in r.evidence and "link_error_recovery 17 > 10" in r.evidence
 
 
 def test_one_rail_at_mtu_1500_fails_under_the_model_expectations(expect):

@@ -285,7 +285,21 @@ def _fake_pynvml() -> types.ModuleType:
     m.nvmlDeviceGetNvLinkRemotePciInfo = lambda h, link: types.SimpleNamespace(busId=b"00000000:05:00.0")
     m.nvmlDeviceGetP2PStatus = lambda a, b, cap: 0
     m.nvmlErrorString = lambda code: f"error {code}"
+    # health: GPU 1 had 3 uncorrectable errors in its life (none since boot) and has a remap pending; SRAM counters and
+    # retired pages are NotSupported (as on Hopper); an old pynvml without ...ClocksEventReasons (the throttle name
+    # answers), without the NVLink error constants (nvml.h's values are used) and without field values.
+    m.nvmlDeviceGetEccMode = lambda h: [1, 1]
+    m.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: 3 if (h, kind, counter) == (1, 1, 1) else 0
+    m.nvmlDeviceGetMemoryErrorCounter = _not_supported
+    m.nvmlDeviceGetRemappedRows = lambda h: (0, 1, 1, 0) if h == 1 else (0, 0, 0, 0)
+    m.nvmlDeviceGetRetiredPagesPendingStatus = _not_supported
+    m.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: 0x1 if h == 0 else 0x48
+    m.nvmlDeviceGetNvLinkErrorCounter = lambda h, link, counter: 5 if (h, link, counter) == (0, 2, 0) else 0
     return m
+
+
+def _not_supported(*args: object) -> int:
+    raise _FakeNVMLError("Not Supported")
 
 
 def test_nvml_live_path_with_fake_pynvml_round_trips_through_a_record(
@@ -302,6 +316,17 @@ def test_nvml_live_path_with_fake_pynvml_round_trips_through_a_record(
     assert dev0["fabric"] == {"state": "Completed", "status": "Success", "clique_id": 7}
     assert dev0["persistence_mode"] is True
     assert gpus["p2p"] == [{"a": 0, "b": 1, "nvlink": "OK", "read": "OK"}]
+    assert dev0["nvlinks"][2]["errors"] == {"replay": 5, "recovery": 0, "crc_flit": 0, "crc_data": 0}
+    assert dev1["health"] == {
+        "ecc_mode": True, "ecc_mode_pending": True,
+        "ecc_uncorrected": {"volatile": 0, "aggregate": 3},
+        "sram_uncorrected": {"volatile": None, "aggregate": None},  # NotSupported: unknown, not 0
+        "remapped_rows": {"corrected": 0, "uncorrected": 1, "pending": True, "failure": False},
+        "retired_pages_pending": None,
+        "clock_event_reasons": 0x48, "clock_event_names": ["hw_slowdown", "hw_thermal_slowdown"],
+        "nvlink_errors_total": {"replay": None, "recovery": None, "crc_flit": None, "crc_data": None},
+    }  # fmt: skip
+    assert dev0["health"]["clock_event_names"] == ["gpu_idle"]
     # cuda-bindings is absent on CPU machines (then the CUDA attributes are not read); GPU images carry it
     assert gpus["cuda"]["available"] is (importlib.util.find_spec("cuda") is not None and gpus["cuda"]["available"])
 
@@ -309,3 +334,117 @@ def test_nvml_live_path_with_fake_pynvml_round_trips_through_a_record(
 def test_a_tree_with_sys_firmware_but_no_efi_is_a_legacy_boot(tmp_path: Path) -> None:
     (tmp_path / "sys" / "firmware").mkdir(parents=True)
     assert F.gather(str(tmp_path))["boot"]["secure_boot"] == "no EFI"
+
+
+def test_nvml_without_any_health_function_records_none_never_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _fake_pynvml()
+    health = ("NvLinkError", "Ecc", "Remapped", "Retired", "Clocks", "MemoryError")
+    for name in [n for n in vars(fake) if n.startswith("nvmlDeviceGet") and any(h in n for h in health)]:
+        delattr(fake, name)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    dev = F.gpus_live()["devices"][0]
+    assert dev["health"]["ecc_mode"] is None and dev["health"]["remapped_rows"] is None
+    assert dev["health"]["clock_event_reasons"] is None and dev["health"]["clock_event_names"] is None
+    assert dev["nvlinks"][0]["errors"] == {"replay": None, "recovery": None, "crc_flit": None, "crc_data": None}
+
+
+def test_nvlink_error_totals_from_field_values() -> None:
+    class Value(ctypes.Union):
+        _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ullVal", ctypes.c_ulonglong)]
+
+    def field(ret: int, vtype: int, **v: object) -> types.SimpleNamespace:
+        return types.SimpleNamespace(nvmlReturn=ret, valueType=vtype, value=Value(**v))
+
+    m = types.SimpleNamespace(
+        NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL=52, NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL=45,
+        nvmlDeviceGetFieldValues=lambda h, ids: [field(0, 3, ullVal=7), field(3, 3, ullVal=99)],
+    )  # fmt: skip
+    # replay answered 7; CRC data answered an error (3: NotSupported); recovery and CRC flit: no such constant
+    assert F._nvml_field_values(m, 0, F.NVLINK_ERROR_TOTAL_FIELDS) == {
+        "replay": 7, "recovery": None, "crc_flit": None, "crc_data": None,
+    }  # fmt: skip
+
+
+def test_decode_clock_reasons() -> None:
+    assert F.decode_clock_reasons(0) == []
+    assert F.decode_clock_reasons(0x1) == ["gpu_idle"]
+    assert F.decode_clock_reasons(0x88) == ["hw_slowdown", "hw_power_brake_slowdown"]
+    assert F.decode_clock_reasons(0x804) == ["sw_power_cap", "0x800"]  # an unknown bit stays visible
+
+
+XID_LOG = """\
+2026-12-03T09:14:02+0000 gpu-07 kernel: NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04
+2026-12-03T09:40:11+0000 gpu-07 kernel: NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+2026-12-03T09:40:11+0000 gpu-07 kernel: NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.
+2026-12-03T10:02:45+0000 gpu-07 kernel: NVRM: Xid (PCI:0000:9a:00): 13, pid=48211, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Illegal Instruction Encoding
+2026-12-03T10:15:00+0000 gpu-07 kernel: NVRM: Xid (PCI:0000:ab:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)
+[ 5123.456789] NVRM: Xid (PCI:0000:3A:00): 63, pid='<unknown>', name=<unknown>, Row Remapper: New row (0x0000000012345678) marked for remapping, reset gpu to activate.
+Dec  3 10:20:01 gpu-07 kernel: [ 6001.000001] NVRM: Xid (0000:01:00): 31, Ch 00000010, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f12_3456_0000.
+2026-12-03T10:30:00+0000 gpu-07 kernel: nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error
+"""  # noqa: E501
+
+
+def test_xid_kernel_log_lines_are_parsed() -> None:
+    rows = F.parse_xid_lines(XID_LOG)
+    # the SXid of an NVSwitch is not a GPU Xid
+    assert [(r["bdf"], r["xid"]) for r in rows] == [
+        ("0000:18:00.0", 79), ("0000:9a:00.0", 13), ("0000:ab:00.0", 154), ("0000:3a:00.0", 63), ("0000:01:00.0", 31),
+    ]  # fmt: skip
+    assert rows[0]["text"] == "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    assert rows[0]["time"] == "2026-12-03T09:40:11+0000"
+    assert rows[3]["time"] == "5123.456789 s after boot"
+    assert rows[4]["time"] == "Dec  3 10:20:01"
+    assert rows[2]["text"].endswith("to 0x1 (GPU Reset Required)")
+
+
+def _cmd(root: Path, argv: list[str], text: str) -> None:
+    (root / F.CMD_DIR).mkdir(parents=True, exist_ok=True)
+    (root / F.CMD_DIR / F.command_file_name(argv)).write_text(text)
+
+
+def test_kernel_log_from_journalctl_else_dmesg_else_unreadable(tmp_path: Path) -> None:
+    journal, dmesg = list(F.KERNEL_LOG_COMMANDS[0]), list(F.KERNEL_LOG_COMMANDS[1])
+    assert F.kernel_log(F.Host(str(tmp_path))) == {
+        "readable": False, "source": None, "xids": [],
+        "reason": "journalctl not recorded (pdinfra-cmd/journalctl_-k_-b_--no-pager_-o_short-iso.txt); dmesg not "
+                  "recorded (pdinfra-cmd/dmesg.txt)",
+    }  # fmt: skip
+    # a user without access to the journal sees no entries: not "no Xid", the next source is asked
+    _cmd(tmp_path, journal, "-- No entries --\n")
+    _cmd(tmp_path, dmesg, "dmesg: read kernel buffer failed: Operation not permitted\n")
+    log = F.kernel_log(F.Host(str(tmp_path)))
+    assert log["readable"] is False and "Operation not permitted" in log["reason"] and "No entries" in log["reason"]
+    _cmd(tmp_path, dmesg, "[    0.000000] Linux version 6.8.0-45-generic\n" + XID_LOG.splitlines()[5] + "\n")
+    log = F.kernel_log(F.Host(str(tmp_path)))
+    assert (log["readable"], log["source"], log["lines"]) == (True, "dmesg", 2)
+    assert [x["xid"] for x in log["xids"]] == [63]
+    _cmd(tmp_path, journal, XID_LOG)
+    log = F.kernel_log(F.Host(str(tmp_path)))
+    assert log["source"] == "journalctl -k -b --no-pager -o short-iso" and len(log["xids"]) == 5
+
+
+def test_synthesised_hgx_health_facts(synthesised: dict) -> None:
+    dev = synthesised["gpus"]["devices"][7]
+    assert dev["health"]["remapped_rows"] == {"corrected": 0, "uncorrected": 0, "pending": False, "failure": False}
+    assert dev["pcie"]["aer"] == {
+        "correctable": 1, "nonfatal": 0, "fatal": 0, "detail": {"correctable": {"BadDLLP": 1}},
+    }  # fmt: skip
+    nic = synthesised["rdma"]["devices"][4]
+    assert nic["aer"] == {"correctable": 0, "nonfatal": 0, "fatal": 0}
+    assert nic["ports"][0]["counters"] == {"link_downed": 0, "link_error_recovery": 0}
+    assert synthesised["kernel_log"]["readable"] and synthesised["kernel_log"]["xids"] == []
+    flapping = F.gather(str(HOSTS / "bad-rail-flapping"))["rdma"]["devices"][4]["ports"][0]["counters"]
+    assert flapping == {"link_downed": 3, "link_error_recovery": 17}
+
+
+def test_aer_files_are_parsed_and_absent_ones_are_none(tmp_path: Path) -> None:
+    base = tmp_path / "sys/bus/pci/devices/0000:18:00.0"
+    base.mkdir(parents=True)
+    assert F.pci_aer(F.Host(str(tmp_path)), "sys/bus/pci/devices/0000:18:00.0") is None
+    (base / "aer_dev_nonfatal").write_text("Undefined 0\nDLP 0\nCmpltTO 3\nUnsupReq 1\nTOTAL_ERR_NONFATAL 4\n")
+    aer = F.pci_aer(F.Host(str(tmp_path)), "sys/bus/pci/devices/0000:18:00.0")
+    assert aer == {
+        "correctable": None, "nonfatal": 4, "fatal": None, "detail": {"nonfatal": {"CmpltTO": 3, "UnsupReq": 1}},
+    }  # fmt: skip

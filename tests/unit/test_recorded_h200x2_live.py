@@ -42,6 +42,13 @@ def test_recorded_h200x2_without_ucx_info_is_a_warning_not_a_pass():
     assert r["ucx.transports"].verdict == "warn"
 
 
+def test_recorded_h200x2_before_the_health_facts_cannot_verify_them():
+    r = results()
+    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer"):
+        assert r[cid].verdict == "warn" and r[cid].evidence.startswith("cannot verify"), (cid, r[cid].evidence)
+    assert r["rdma.link_flaps"].verdict == "n/a"  # no RDMA NIC on that machine
+
+
 CLUSTER_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-cluster-transfer"
 
 
@@ -53,8 +60,14 @@ def test_recorded_cluster_run_judged_again_under_the_profile_expectations():
     results = {r.id: r for r in checks.run_checks(facts, expect)}
     assert [i for i, r in results.items() if r.verdict == checks.FAIL] == []
     assert results["gpu.pci_count"].verdict == checks.PASS and "2 NVIDIA GPU" in results["gpu.pci_count"].evidence
-    # the recording predates the toolchain facts: its compilers are unknown, a warn (never a pass)
-    assert [i for i, r in results.items() if r.verdict == checks.WARN] == ["ucx.transports", "serving.toolchain"]
+    # the recording predates the toolchain and health facts: its compilers and health counters are unknown, a warn
+    # (never a pass)
+    assert [i for i, r in results.items() if r.verdict == checks.WARN] == [
+        "gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "ucx.transports",
+        "serving.toolchain",
+    ]  # fmt: skip
+    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer"):
+        assert results[cid].evidence.startswith("cannot verify"), results[cid]
     assert "17 pass, 1 warn, 0 fail, 5 n/a" in (CLUSTER_RUN / "validate-table.txt").read_text()
 
 
