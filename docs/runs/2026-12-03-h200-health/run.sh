@@ -1,8 +1,8 @@
 #!/bin/bash
-# On a lent H200 machine (run from the repository root, $OUT set by the device runner): the GPU and fabric health
+# On an H200 host (run from the repository root, $OUT set by the device runner): the GPU and fabric health
 # facts (NVML health fields, NVLink error counters, sysfs AER and RDMA counters, the kernel log's Xids) gathered
 # live, judged by the catalog, and next to them what nvidia-smi and sysfs print for the same counters, so that each
-# fact can be checked against the tool an engineer would use. Not run yet (written without a GPU at hand).
+# fact can be checked against the tool an engineer would use.
 set -u
 if ls .whl/*.whl > /dev/null 2>&1; then  # the wheels the earlier runs carried (nvidia-ml-py among them)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED=1
 { date -u; hostname; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; uname -r; nproc; id -u
   python3 -c 'import pynvml; print("nvidia-ml-py", getattr(pynvml, "__version__", "?"))'; } > $OUT/machine.txt 2>&1
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-# what the hgx-h200 profiles expect of the GPUs, ECC included (no rails: the lent machines have none)
+# what the hgx-h200 profiles expect of the GPUs, ECC included (no rails: these hosts have none)
 echo "{\"role\": \"gpu\", \"gpu_count\": $gpus, \"nvlinks_per_gpu\": 18, \"nvlink_version\": \"4.0\", \"ecc\": true}" > /tmp/expect.json
 mkdir -p $OUT/rec/pdinfra-cmd
 python3 -m pdinfra facts -o $OUT/facts.json --record-nvml $OUT/rec/pdinfra-nvml.json 2> $OUT/facts.stderr
