@@ -782,6 +782,10 @@ def gpu_nvlink_errors(facts: Facts, expect: Expect) -> Outcome:
     if not any(d.get("nvlinks") for d in devices) and expect.nvlinks_per_gpu is None:
         return na("no NVLinks reported and none declared (PCIe-only GPUs)")
     bad, noisy, unknown, total, links = [], [], [], dict.fromkeys(NVLINK_COUNTERS, 0), 0
+    # a GPU without an active link has no counts to judge (gpu.nvlink reports its links)
+    devices = [d for d in devices if any(lk.get("active") for lk in d.get("nvlinks") or [])]
+    if not devices:
+        return na("no active NVLink to count errors on (gpu.nvlink judges the links)")
     for d in devices:
         scope, rows = _nvlink_counts(d)
         if not rows:
