@@ -78,12 +78,25 @@ class Check:
 CATALOG: list[Check] = []
 
 
-def check(check_id: str, title: str, layer: str) -> Callable[[Callable[[Facts, Expect], Outcome]], Any]:
+def check(
+    check_id: str, title: str, layer: str, gpu_only: bool = False
+) -> Callable[[Callable[[Facts, Expect], Outcome]], Any]:
+    """Register a check. ``gpu_only``: n/a ("no GPUs to inspect") unless the host is a GPU host with GPUs recorded,
+    so the check's own body can assume both."""
     assert layer in LAYERS, layer
 
     def register(fn: Callable[[Facts, Expect], Outcome]) -> Callable[[Facts, Expect], Outcome]:
         if any(c.id == check_id for c in CATALOG):
             raise ValueError(f"duplicate check id {check_id}")
+        if gpu_only:
+            inner = fn
+
+            def fn(facts: Facts, expect: Expect) -> Outcome:
+                if not expect.gpu or not _devices(facts):
+                    return na("no GPUs to inspect")
+                return inner(facts, expect)
+
+            fn.__name__, fn.__doc__, fn.__wrapped__ = inner.__name__, inner.__doc__, inner  # type: ignore[attr-defined]
         CATALOG.append(Check(check_id, title, layer, fn))
         return fn
 
@@ -413,11 +426,9 @@ def gpu_pci_count(facts: Facts, expect: Expect) -> Outcome:
     return ok(detail)
 
 
-@check("gpu.nvlink", "Every NVLink up at the expected version", "gpu")
+@check("gpu.nvlink", "Every NVLink up at the expected version", "gpu", gpu_only=True)
 def nvlink(facts: Facts, expect: Expect) -> Outcome:
     devices = _devices(facts)
-    if not expect.gpu or not devices:
-        return na("no GPUs to inspect")
     if not any(d.get("nvlinks") for d in devices) and expect.nvlinks_per_gpu is None:
         return na("no NVLinks reported and none declared (PCIe-only GPUs)")
     problems, summary = [], set()
@@ -464,11 +475,9 @@ def p2p(facts: Facts, expect: Expect) -> Outcome:
     return ok(f"{wanted} pair(s): {key} P2P OK")
 
 
-@check("gpu.pcie", "PCIe link width at maximum (generation reported)", "gpu")
+@check("gpu.pcie", "PCIe link width at maximum (generation reported)", "gpu", gpu_only=True)
 def pcie(facts: Facts, expect: Expect) -> Outcome:
     devices = _devices(facts)
-    if not expect.gpu or not devices:
-        return na("no GPUs to inspect")
     narrow, unknown, seen = [], [], set()
     for d in devices:
         p = d.get("pcie") or {}
@@ -490,11 +499,9 @@ def pcie(facts: Facts, expect: Expect) -> Outcome:
     return ok(_join(sorted(seen)) + "; generation can drop at idle and is not judged")
 
 
-@check("gpu.fabric", "NVSwitch fabric registered (Completed/Success)", "gpu")
+@check("gpu.fabric", "NVSwitch fabric registered (Completed/Success)", "gpu", gpu_only=True)
 def fabric(facts: Facts, expect: Expect) -> Outcome:
     devices = _devices(facts)
-    if not expect.gpu or not devices:
-        return na("no GPUs to inspect")
     if not _has_fabric(facts, expect):
         return na("no NVSwitch fabric declared or reported")
     bad, unrecorded = [], []
@@ -519,10 +526,8 @@ def fabric(facts: Facts, expect: Expect) -> Outcome:
     return ok(f"fabric Completed/Success on all {len(devices)} GPUs")
 
 
-@check("gpu.fabric_manager", "Fabric manager at the driver version", "gpu")
+@check("gpu.fabric_manager", "Fabric manager at the driver version", "gpu", gpu_only=True)
 def fabric_manager(facts: Facts, expect: Expect) -> Outcome:
-    if not expect.gpu or not _devices(facts):
-        return na("no GPUs to inspect")
     if not _has_fabric(facts, expect):
         return na("no NVSwitch fabric declared or reported")
     fm = facts.get("fabric_manager") or {}
@@ -551,11 +556,9 @@ def fabric_manager(facts: Facts, expect: Expect) -> Outcome:
     return ok(f"fabric manager {fm.get('version')} == driver {driver} (service {fm.get('service') or 'unknown'})")
 
 
-@check("gpu.dmabuf", "dma-buf GPUDirect RDMA usable (CUDA attribute + kernel)", "gpu")
+@check("gpu.dmabuf", "dma-buf GPUDirect RDMA usable (CUDA attribute + kernel)", "gpu", gpu_only=True)
 def dmabuf_usable(facts: Facts, expect: Expect) -> Outcome:
     devices = _devices(facts)
-    if not expect.gpu or not devices:
-        return na("no GPUs to inspect")
     blockers = []
     if _kernel_ok(facts, expect) is False:
         blockers.append(f"kernel {(facts.get('kernel') or {}).get('release')} < {expect.min_kernel}")
@@ -599,11 +602,9 @@ def _health(d: dict[str, Any]) -> dict[str, Any]:
 GPU_RESET = "drain the GPU (stop its instances), then `nvidia-smi -r -i <index>` or reboot the node"
 
 
-@check("gpu.ecc", "ECC on, no uncorrectable memory error since boot", "gpu")
+@check("gpu.ecc", "ECC on, no uncorrectable memory error since boot", "gpu", gpu_only=True)
 def gpu_ecc(facts: Facts, expect: Expect) -> Outcome:
     devices = _devices(facts)
-    if not expect.gpu or not devices:
-        return na("no GPUs to inspect")
     off: list[str] = []
     pending_on, bad, past, unknown, seen, no_sram = [], [], [], [], [], []
     for d in devices:
@@ -660,11 +661,9 @@ def gpu_ecc(facts: Facts, expect: Expect) -> Outcome:
     return ok(f"ECC on, 0 uncorrectable since boot on {len(seen)} GPU(s) ({memories}){declared_off}")
 
 
-@check("gpu.row_remap", "No HBM row remapping pending or failed", "gpu")
+@check("gpu.row_remap", "No HBM row remapping pending or failed", "gpu", gpu_only=True)
 def gpu_row_remap(facts: Facts, expect: Expect) -> Outcome:
     devices = _devices(facts)
-    if not expect.gpu or not devices:
-        return na("no GPUs to inspect")
     failed_, pending, unknown, counts = [], [], [], []
     for d in devices:
         h, name = _health(d), _gpu_name(d)
@@ -719,11 +718,9 @@ def _clock_names(h: dict[str, Any]) -> list[str] | None:
     return list(names) if isinstance(names, list) else None
 
 
-@check("gpu.clocks", "No hardware clock slowdown (thermal, power brake)", "gpu")
+@check("gpu.clocks", "No hardware clock slowdown (thermal, power brake)", "gpu", gpu_only=True)
 def gpu_clocks(facts: Facts, expect: Expect) -> Outcome:
     devices = _devices(facts)
-    if not expect.gpu or not devices:
-        return na("no GPUs to inspect")
     hw, sw, odd, unknown, seen = [], [], [], [], set()
     for d in devices:
         names = _clock_names(_health(d))
@@ -774,11 +771,10 @@ def _nvlink_counts(d: dict[str, Any]) -> tuple[str, list[tuple[str, dict[str, in
     return "gpu", [(_gpu_name(d), totals)] if any(v is not None for v in totals.values()) else []
 
 
-@check("gpu.nvlink_errors", "NVLink error counters below the thresholds (recovery, CRC, replay)", "gpu")
+@check("gpu.nvlink_errors", "NVLink error counters below the thresholds (recovery, CRC, replay)", "gpu",
+       gpu_only=True)
 def gpu_nvlink_errors(facts: Facts, expect: Expect) -> Outcome:
     devices = _devices(facts)
-    if not expect.gpu or not devices:
-        return na("no GPUs to inspect")
     if not any(d.get("nvlinks") for d in devices) and expect.nvlinks_per_gpu is None:
         return na("no NVLinks reported and none declared (PCIe-only GPUs)")
     bad, noisy, unknown, total, links = [], [], [], dict.fromkeys(NVLINK_COUNTERS, 0), 0
@@ -1282,11 +1278,9 @@ def rdma_qos(facts: Facts, expect: Expect) -> Outcome:
     return ok(f"{len(expect.rdma)} rails: trust dscp, PFC on {prio}, ECN on {prio}, {want.get('roce_mode') or 'mode'}")
 
 
-@check("gpu.gpudirect_rdma", "CUDA reports GPUDirect RDMA support on every GPU", "gpu")
+@check("gpu.gpudirect_rdma", "CUDA reports GPUDirect RDMA support on every GPU", "gpu", gpu_only=True)
 def gpudirect_rdma(facts: Facts, expect: Expect) -> Outcome:
     devices = _devices(facts)
-    if not expect.gpu or not devices:
-        return na("no GPUs to inspect")
     if not expect.rdma:
         return na("no RDMA declared: the KV path stays on NVLink/PCIe inside the host")
     values = [(d.get("index"), (d.get("cuda") or {}).get("gpu_direct_rdma_supported")) for d in devices]
