@@ -100,14 +100,14 @@ from pdinfra.host.checks.serving import (
     serving_health,
     serving_toolchain,
 )
-from pdinfra.host.checks.fleet import FLEET_CHECKS, run_fleet_checks
+from pdinfra.host.checks.fleet import FLEET_CHECKS, FLEET_FUNCTIONS, run_fleet_checks
 
 # isort: on
 
 __all__ = [
     # the machinery
     "CATALOG", "FAIL", "LAYERS", "NA", "PASS", "VERDICTS", "WARN", "Check", "CheckResult", "Facts", "Outcome",
-    "check", "fail", "failed", "na", "ok", "run_checks", "warn", "FLEET_CHECKS", "run_fleet_checks",
+    "check", "fail", "failed", "na", "ok", "run_checks", "warn", "FLEET_CHECKS", "FLEET_FUNCTIONS", "run_fleet_checks",
     # the expectations (pdinfra.cluster.expect)
     "Expect", "RdmaExpect", "normalise_nvlink_version",
     # constants and helpers of the topic modules

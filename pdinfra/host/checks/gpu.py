@@ -23,6 +23,12 @@ def _has_fabric(facts: Facts, expect: Expect) -> bool:
 
 @check("driver.open_module", "NVIDIA open kernel module is loaded", "driver")
 def open_module(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `nvidia_driver`
+
+    Rule: pass if the open kernel module is loaded; fail if proprietary or not loaded
+
+    Remedy: install the `-open` flavour at the same version, reboot
+    """
     if not expect.gpu:
         return na("CPU-role host")
     drv = facts.get("nvidia_driver") or {}
@@ -44,6 +50,12 @@ def open_module(facts: Facts, expect: Expect) -> Outcome:
 
 @check("driver.version", "Driver at the pinned version", "driver")
 def driver_version(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `nvidia_driver.version`, `gpus.driver_version`
+
+    Rule: fail if kernel module and NVML library differ, or differ from `driver_version`; n/a without a pin
+
+    Remedy: install the pinned driver / finish the upgrade (reboot)
+    """
     if not expect.gpu:
         return na("CPU-role host")
     module = (facts.get("nvidia_driver") or {}).get("version")
@@ -67,6 +79,12 @@ def driver_version(facts: Facts, expect: Expect) -> Outcome:
 
 @check("driver.nouveau_absent", "nouveau is not loaded", "driver")
 def nouveau_absent(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `modules.loaded.nouveau`
+
+    Rule: fail if loaded; warn if `/proc/modules` unreadable
+
+    Remedy: blacklist nouveau, rebuild initramfs, reboot
+    """
     if not expect.gpu:
         return na("CPU-role host")
     mods = facts.get("modules") or {}
@@ -84,6 +102,12 @@ def nouveau_absent(facts: Facts, expect: Expect) -> Outcome:
 
 @check("driver.persistence_mode", "Persistence mode on every GPU", "driver")
 def persistence_mode(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.devices[].persistence_mode`
+
+    Rule: fail if off on any GPU; warn if unrecorded
+
+    Remedy: `systemctl enable --now nvidia-persistenced`
+    """
     if not expect.gpu:
         return na("CPU-role host")
     devices = _devices(facts)
@@ -109,6 +133,12 @@ MIN_CUDA_DRIVER = 11070  # dma-buf GPUDirect RDMA needs the CUDA 11.7 driver API
 
 @check("driver.cuda_version", "CUDA driver API >= 11.7 (dma-buf GPUDirect RDMA)", "driver")
 def cuda_version(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.cuda_driver_version` (NVML)
+
+    Rule: fail below 11.7 (dma-buf GPUDirect RDMA needs it); warn if not recorded
+
+    Remedy: a driver branch with CUDA >= 11.7
+    """
     if not expect.gpu:
         return na("CPU-role host")
     version = _gpus(facts).get("cuda_driver_version")
@@ -124,6 +154,12 @@ def cuda_version(facts: Facts, expect: Expect) -> Outcome:
 
 @check("driver.peermem", "Legacy nvidia_peermem state (informational)", "driver")
 def peermem(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `modules`, result of `gpu.dmabuf`
+
+    Rule: informational: pass, warn only when RDMA is declared and neither dma-buf nor nvidia_peermem is usable
+
+    Remedy: fix dma-buf; legacy peermem needs MOFED/DOCA
+    """
     if not expect.gpu:
         return na("CPU-role host")
     mods = facts.get("modules") or {}
@@ -147,6 +183,12 @@ def peermem(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.count", "GPU count as declared", "gpu")
 def gpu_count(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.present`, `gpus.count`
+
+    Rule: fail if no GPU or count != `gpu_count`
+
+    Remedy: find the missing GPU (`nvidia-smi -L`, `lspci -d 10de:`, Xid 79)
+    """
     gpus = _gpus(facts)
     if not expect.gpu:
         return na(f"CPU-role host ({'GPUs present' if gpus.get('present') else 'no GPU'})")
@@ -170,6 +212,13 @@ def gpu_count(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.pci_count", "NVIDIA GPUs on the PCI bus as declared (no driver needed)", "gpu")
 def gpu_pci_count(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `pci.gpus` (sysfs, vendor `0x10de`, class `0x0302`/`0x0300`; no driver needed)
+
+    Rule: fail if none on a GPU host, fewer than `gpu_count`, or NVML sees fewer than the bus (fallen off the bus); warn
+    if more than declared or a vendor file is unreadable
+
+    Remedy: reseat / RMA the missing GPU; declare the real count
+    """
     if not expect.gpu:
         return na("CPU-role host")
     pci = facts.get("pci") or {}
@@ -205,6 +254,13 @@ def gpu_pci_count(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.nvlink", "Every NVLink up at the expected version", "gpu", gpu_only=True)
 def nvlink(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.devices[].nvlinks`
+
+    Rule: fail if a GPU has fewer active links than `nvlinks_per_gpu` (or any reported link down when undeclared), or a
+    version != `nvlink_version`; n/a for PCIe-only GPUs
+
+    Remedy: `nvidia-smi nvlink -s/-e`; power cycle; RMA
+    """
     devices = _devices(facts)
     if not any(d.get("nvlinks") for d in devices) and expect.nvlinks_per_gpu is None:
         return na("no NVLinks reported and none declared (PCIe-only GPUs)")
@@ -232,6 +288,13 @@ def nvlink(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.p2p", "Peer-to-peer OK between every GPU pair", "gpu")
 def p2p(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.p2p`
+
+    Rule: fail if any pair is not `OK` (NVLink cap where NVLinks exist, else read cap); warn if pairs missing; n/a with
+    < 2 GPUs
+
+    Remedy: `nvidia-smi topo -p2p n`; fabric up; ACS off / `iommu=pt`
+    """
     devices = _devices(facts)
     if not expect.gpu or len(devices) < 2:
         return na("fewer than two GPUs")
@@ -254,6 +317,12 @@ def p2p(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.pcie", "PCIe link width at maximum (generation reported)", "gpu", gpu_only=True)
 def pcie(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.devices[].pcie`
+
+    Rule: fail if current width < max width; generation is only reported (it drops at idle)
+
+    Remedy: reseat GPU / riser
+    """
     devices = _devices(facts)
     narrow, unknown, seen = [], [], set()
     for d in devices:
@@ -278,6 +347,12 @@ def pcie(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.fabric", "NVSwitch fabric registered (Completed/Success)", "gpu", gpu_only=True)
 def fabric(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.devices[].fabric`
+
+    Rule: where a fabric is declared or reported: fail unless every GPU is `Completed`/`Success`
+
+    Remedy: start nvidia-fabricmanager at the driver version
+    """
     devices = _devices(facts)
     if not _has_fabric(facts, expect):
         return na("no NVSwitch fabric declared or reported")
@@ -305,6 +380,13 @@ def fabric(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.fabric_manager", "Fabric manager at the driver version", "gpu", gpu_only=True)
 def fabric_manager(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `fabric_manager`, driver version
+
+    Rule: fail if installed at a version != driver, or its service is not active, or absent while the fabric is not
+    completed; pass if absent but the fabric is `Completed` (managed outside this OS, e.g. by a hypervisor)
+
+    Remedy: install nvidia-fabricmanager at exactly the driver version
+    """
     if not _has_fabric(facts, expect):
         return na("no NVSwitch fabric declared or reported")
     fm = facts.get("fabric_manager") or {}
@@ -335,6 +417,13 @@ def fabric_manager(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.dmabuf", "dma-buf GPUDirect RDMA usable (CUDA attribute + kernel)", "gpu", gpu_only=True)
 def dmabuf_usable(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: kernel version + config, driver flavour, CUDA `DMA_BUF_SUPPORTED`
+
+    Rule: fail (warn when no RDMA is declared) if kernel < 5.12, config missing, proprietary module or attribute 0; warn
+    if the CUDA attribute is unknown
+
+    Remedy: open module + kernel >= 5.12 with `CONFIG_DMA_SHARED_BUFFER=y`
+    """
     devices = _devices(facts)
     blockers = []
     if _kernel_ok(facts, expect) is False:

@@ -21,6 +21,15 @@ GPU_RESET = "drain the GPU (stop its instances), then `nvidia-smi -r -i <index>`
 
 @check("gpu.ecc", "ECC on, no uncorrectable memory error since boot", "gpu", gpu_only=True)
 def gpu_ecc(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.devices[].health`: `ecc_mode`, `ecc_uncorrected` and `sram_uncorrected` {`volatile`, `aggregate`}
+    (NVML)
+
+    Rule: fail if an uncorrectable DRAM error, or SRAM error where NVML gives that count, was counted since boot
+    (volatile > 0), or ECC is off where `ecc` is declared (also when it is on only after a reboot); warn if ECC is off
+    and undeclared, if only the aggregate (lifetime) count is > 0, or if not recorded
+
+    Remedy: reset the GPU (the row is remapped then); RMA on repeated errors; `nvidia-smi -e 1` and reboot
+    """
     devices = _devices(facts)
     off: list[str] = []
     pending_on, bad, past, unknown, seen, no_sram = [], [], [], [], [], []
@@ -80,6 +89,14 @@ def gpu_ecc(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.row_remap", "No HBM row remapping pending or failed", "gpu", gpu_only=True)
 def gpu_row_remap(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `health.remapped_rows` {`corrected`, `uncorrected`, `pending`, `failure`}, `health.retired_pages_pending`
+    (pre-Ampere; NotSupported, so null, on H100/H200)
+
+    Rule: fail if a remap (or page retirement) is pending or remapping failed; pass with the counts where rows were
+    remapped and nothing is pending; warn if not recorded
+
+    Remedy: pending: drain and reset the GPU (`nvidia-smi -r`) or reboot; failure: RMA
+    """
     devices = _devices(facts)
     failed_, pending, unknown, counts = [], [], [], []
     for d in devices:
@@ -137,6 +154,13 @@ def _clock_names(h: dict[str, Any]) -> list[str] | None:
 
 @check("gpu.clocks", "No hardware clock slowdown (thermal, power brake)", "gpu", gpu_only=True)
 def gpu_clocks(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `health.clock_event_reasons` (NVML bitmask, decoded as `clock_event_names`)
+
+    Rule: fail on HW slowdown, HW thermal slowdown or HW power brake; warn on SW thermal slowdown or a bit pdinfra does
+    not know; pass on idle, application clocks, SW power cap, sync boost; warn if not recorded
+
+    Remedy: cooling, inlet temperature, BMC/PSU power events; RMA a GPU that alone runs hot
+    """
     devices = _devices(facts)
     hw, sw, odd, unknown, seen = [], [], [], [], set()
     for d in devices:
@@ -190,6 +214,14 @@ def _nvlink_counts(d: dict[str, Any]) -> tuple[str, list[tuple[str, dict[str, in
 
 @check("gpu.nvlink_errors", "NVLink error counters below the thresholds (recovery, CRC, replay)", "gpu", gpu_only=True)
 def gpu_nvlink_errors(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `nvlinks[].errors` {`replay`, `recovery`, `crc_flit`, `crc_data`} of active links;
+    `health.nvlink_errors_total` (field values) where no link has them
+
+    Rule: fail if recovery > `nvlink_recovery_max` or CRC data > `nvlink_crc_data_max` on a link; warn if replay >
+    `nvlink_replay_max`, or not recorded; CRC flit is reported only; n/a for PCIe-only GPUs
+
+    Remedy: `nvidia-smi nvlink -e`, `dcgmi diag -r 3`; power cycle; baseboard RMA
+    """
     devices = _devices(facts)
     if not any(d.get("nvlinks") for d in devices) and expect.nvlinks_per_gpu is None:
         return na("no NVLinks reported and none declared (PCIe-only GPUs)")
@@ -271,6 +303,15 @@ def _settled_154(rows: list[dict[str, Any]]) -> set[str]:
 
 @check("gpu.xid", "No hardware or driver Xid in this boot's kernel log", "gpu")
 def gpu_xid(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `kernel_log.xids` (this boot's `journalctl -k`, else `dmesg`)
+
+    Rule: fail on Xids of hardware or driver trouble: 48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92
+    (azurehpc-health-checks' list), 94, 95, 119, 120, 121, 140, 154 (not when 154 reports the recovery action back at
+    None); warn on application Xids (13, 31, 43, 45) and unclassified ones; warn if the log was not readable
+
+    Remedy: per NVIDIA's Xid catalog: GPU reset (63, 94, 95, 154), RMA (64, 92, repeated 48/74/79), driver update (119,
+    120); reboot to clear the log
+    """
     if not expect.gpu:
         return na("CPU-role host")
     log = facts.get("kernel_log")

@@ -14,6 +14,12 @@ def _needs_platform(expect: Expect) -> bool:
 
 @check("os.kernel_version", "Kernel is new enough for dma-buf GPUDirect RDMA", "os")
 def kernel_version(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `kernel.version`
+
+    Rule: pass if >= `min_kernel` (5.12); fail below; n/a on CPU role without RDMA
+
+    Remedy: boot a kernel >= 5.12 (e.g. the HWE kernel)
+    """
     if not _needs_platform(expect):
         return na("CPU-role host without RDMA: no kernel floor")
     release = (facts.get("kernel") or {}).get("release")
@@ -31,6 +37,12 @@ def kernel_version(facts: Facts, expect: Expect) -> Outcome:
 
 @check("os.kernel_dmabuf_config", "Kernel built with CONFIG_DMA_SHARED_BUFFER", "os")
 def kernel_dmabuf_config(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `kernel.config`
+
+    Rule: pass if `CONFIG_DMA_SHARED_BUFFER=y`; fail if `n`/absent; warn if the config is unreadable
+
+    Remedy: use a kernel built with it
+    """
     if not _needs_platform(expect):
         return na("CPU-role host without RDMA")
     value, source = _config(facts)
@@ -49,6 +61,12 @@ def kernel_dmabuf_config(facts: Facts, expect: Expect) -> Outcome:
 
 @check("os.iommu", "IOMMU does not translate GPU peer traffic", "os")
 def iommu(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `boot.iommu`
+
+    Rule: pass if passthrough (`iommu=pt`) or off; warn if translating or unknown (never fails)
+
+    Remedy: add `iommu=pt` / disable ACS for GPU and NIC ports
+    """
     if not _needs_platform(expect):
         return na("CPU-role host without RDMA")
     info = (facts.get("boot") or {}).get("iommu") or {}
@@ -70,6 +88,12 @@ def iommu(facts: Facts, expect: Expect) -> Outcome:
 
 @check("os.secure_boot", "Secure Boot state known and compatible with the NVIDIA module", "os")
 def secure_boot(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `boot.secure_boot`
+
+    Rule: pass if disabled / no EFI; warn if enabled (modules must be MOK-signed) or unknown
+
+    Remedy: sign the NVIDIA modules with an enrolled key
+    """
     if not expect.gpu:
         return na("CPU-role host")
     state = (facts.get("boot") or {}).get("secure_boot", "unknown")

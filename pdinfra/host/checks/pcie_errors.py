@@ -22,6 +22,15 @@ def _aer_targets(facts: Facts, expect: Expect) -> list[tuple[str, dict[str, Any]
 
 @check("pcie.aer", "No PCIe AER errors on the GPUs and RDMA NICs", "pcie")
 def pcie_aer(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.devices[].pcie.aer` and `rdma.devices[].aer` (sysfs `aer_dev_{correctable,nonfatal,fatal}`:
+    `TOTAL_ERR_*`)
+
+    Rule: fail if a GPU or a declared rail's NIC has a fatal or non-fatal AER error since boot (warn for a NIC when no
+    rail is declared); warn if correctable > `pcie_aer_correctable_max`, or a device has no AER counters; n/a without
+    GPUs and NICs
+
+    Remedy: reseat device, riser, cables; retimer/BMC firmware; RMA a device that keeps reporting them
+    """
     targets = _aer_targets(facts, expect)
     if not targets:
         return na("no GPU or RDMA NIC to inspect")

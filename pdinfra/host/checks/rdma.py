@@ -33,6 +33,12 @@ def roce_mtu(netdev_mtu: int, max_mtu: int = 4096) -> int:
 
 @check("rdma.ports", "Declared RDMA ports ACTIVE/LinkUp on Ethernet (RoCE)", "rdma")
 def rdma_ports(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `rdma.devices[].ports` for each declared netdev (matched by GID `ndev` or `device/net`)
+
+    Rule: fail unless `ACTIVE`/`LinkUp`/`Ethernet`, or if no port is bound to the netdev; undeclared ports only warn
+
+    Remedy: cable/switch port up; `LINK_TYPE_P1=2` (Ethernet)
+    """
     rdma = facts.get("rdma") or {}
     if not expect.rdma:
         ports = [(d, p) for d in rdma.get("devices") or [] for p in d.get("ports") or []]
@@ -86,6 +92,12 @@ def _undeclared_ports(facts: Facts) -> list[tuple[dict[str, Any], dict[str, Any]
 
 @check("rdma.roce_v2_gid", "RoCE v2 GID bound to the configured address", "rdma")
 def roce_v2_gid(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: GIDs of the declared netdev
+
+    Rule: fail unless a `RoCE v2` GID carries the declared address (any IPv4 v2 GID when no address is declared)
+
+    Remedy: put the address on the netdev itself; enable RoCE v2 (`cma_roce_mode -m 2`)
+    """
     if not expect.rdma:
         ports = _undeclared_ports(facts)
         if not ports:
@@ -129,6 +141,13 @@ def roce_v2_gid(facts: Facts, expect: Expect) -> Outcome:
 
 @check("rdma.mtu", "MTU consistent: netdev, declaration and RoCE active MTU", "rdma")
 def rdma_mtu(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `netdevs.interfaces[].mtu`, `ports[].active_mtu`
+
+    Rule: fail if the netdev MTU != declared, or the RoCE active MTU != what the netdev MTU gives (MTU − 96 bytes,
+    rounded down to 4096/2048/1024/512/256)
+
+    Remedy: set the MTU on netdev and switch (9000 gives 4096)
+    """
     interfaces = (facts.get("netdevs") or {}).get("interfaces") or {}
     if not expect.rdma:
         ports = _undeclared_ports(facts)
@@ -205,6 +224,13 @@ def _netdev_speed(facts: Facts, netdev: str) -> tuple[int | None, str]:
 
 @check("rdma.speed", "Rails at the link speed the hardware profile expects", "rdma")
 def rdma_speed(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `netdevs.interfaces[].speed_mbps` (sysfs), else the port `rate`
+
+    Rule: fail if a rail is below its declared speed (the hardware profile's 400 Gb/s); warn if not recorded or not
+    declared
+
+    Remedy: cable/transceiver/switch port (`ethtool`, `mlxlink`)
+    """
     if not expect.rdma:
         return na("no RDMA declared")
     slow, unknown, seen = [], [], []
@@ -235,6 +261,12 @@ def rdma_speed(facts: Facts, expect: Expect) -> Outcome:
 
 @check("rdma.pcie", "RDMA NICs at their full PCIe width", "rdma")
 def rdma_pcie(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `rdma.devices[].pcie` (sysfs link width/speed)
+
+    Rule: fail if a rail NIC trained below its max width (warn for undeclared NICs); warn if not recorded
+
+    Remedy: reseat the NIC/riser (400G needs Gen5 x16)
+    """
     devices = (facts.get("rdma") or {}).get("devices") or []
     if expect.rdma:
         wanted = {dev["name"] for w in expect.rdma for dev, _ in _ports_for(facts, w.netdev)}
@@ -261,6 +293,14 @@ def rdma_pcie(facts: Facts, expect: Expect) -> Outcome:
 
 @check("rdma.link_flaps", "RDMA links not flapping (link_downed, link_error_recovery)", "rdma")
 def rdma_link_flaps(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `rdma.devices[].ports[].counters` (sysfs `counters/link_downed`, `counters/link_error_recovery`) of the
+    declared rails (every port when none is declared)
+
+    Rule: fail if a rail port's `link_downed` > `rdma_link_downed_max` or `link_error_recovery` >
+    `rdma_link_error_recovery_max` (warn for undeclared ports); warn if not recorded or a rail has no port
+
+    Remedy: cable, transceiver, switch port (`mlxlink -m -c -e`); replace what flaps
+    """
     if expect.rdma:
         ports = [(f"{w.netdev} ", d, p) for w in expect.rdma for d, p in _ports_for(facts, w.netdev)]
         unknown = [f"{w.netdev} (no RDMA port bound)" for w in expect.rdma if not _ports_for(facts, w.netdev)]
@@ -303,6 +343,14 @@ def rdma_link_flaps(facts: Facts, expect: Expect) -> Outcome:
 
 @check("rdma.qos", "Lossless RoCE: DSCP trust, PFC and ECN on the RoCE priority, RoCE v2 mode", "rdma")
 def rdma_qos(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `roce_qos[netdev]` (`mlnx_qos -i`: trust, PFC; sysfs `ecn/roce_np|roce_rp`), rdma_cm `default_roce_mode`
+    (configfs)
+
+    Rule: with `roce_qos` expected (from `rdma_roce_*`): fail unless trust dscp, PFC on exactly the RoCE priority, ECN
+    np/rp on it, RoCE v2 mode; warn for what is not recorded
+
+    Remedy: `systemctl restart pdinfra-roce-qos` (the rdma_roce role's script)
+    """
     if not expect.rdma or not expect.roce_qos:
         return na("no RoCE QoS declared (rails with rdma_roce settings)")
     want = expect.roce_qos
@@ -347,6 +395,12 @@ def rdma_qos(facts: Facts, expect: Expect) -> Outcome:
 
 @check("gpu.gpudirect_rdma", "CUDA reports GPUDirect RDMA support on every GPU", "gpu", gpu_only=True)
 def gpudirect_rdma(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `gpus.devices[].cuda.gpu_direct_rdma_supported`
+
+    Rule: where RDMA is declared: fail if 0 on any GPU, warn if not recorded; n/a without rails
+
+    Remedy: open module (dma-buf) or nvidia_peermem; a data-center GPU
+    """
     devices = _devices(facts)
     if not expect.rdma:
         return na("no RDMA declared: the KV path stays on NVLink/PCIe inside the host")

@@ -18,7 +18,17 @@ PD_CONSISTENT_KEYS = ("model", "dtype", "block_size", "connector")
 def serving_toolchain(facts: Facts, expect: Expect) -> Outcome:
     """vLLM compiles kernels on first use: on CPU torch inductor's C++ backend (the sampler's logprobs path) with
     g++, on GPU Triton's launcher with a C compiler and Python.h. Without them the first such request kills the
-    engine (EngineDeadError), not just the request."""
+    engine (EngineDeadError), not just the request.
+
+    Reads: `toolchain` (`g++ --version`, `gcc --version`, `/usr/include/python3*/Python.h`)
+
+    Rule: cpu hosts: fail without g++ or Python.h (vLLM CPU's sampler compiles its logprobs kernels with torch inductor,
+    which includes Python.h; without them the first such request kills the engine); gpu hosts: fail without gcc or
+    Python.h (Triton builds its launcher at the first kernel launch); warn if not recorded. Preflight only warns
+    (`preflight_warn_only_checks`): pd_runtime installs `pd_runtime_compiler_packages`, then fails on it
+
+    Remedy: `apt-get install g++ python3-dev` (cpu) / `gcc python3-dev` (gpu)
+    """
     tc = facts.get("toolchain") or {}
     if not tc.get("known"):
         return warn("compilers not recorded for this host (no pdinfra-cmd/g___--version.txt or gcc_--version.txt)",
@@ -43,6 +53,12 @@ def serving_toolchain(facts: Facts, expect: Expect) -> Outcome:
 
 @check("serving.health", "vLLM instances answer /health", "serving")
 def serving_health(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `instances[].health`
+
+    Rule: fail if any instance is not healthy; warn if not probed (replay); n/a without instances
+
+    Remedy: read the unit's journal; check the port
+    """
     instances = facts.get("instances") or []
     if not instances:
         return na("no pdinfra serving instances on this host")
@@ -66,6 +82,13 @@ def serving_health(facts: Facts, expect: Expect) -> Outcome:
 
 @check("serving.deep_health", "The deep-health probe's last PD request moved KV over every path, recently", "serving")
 def serving_deep_health(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `deep_health` (the probe's `/var/lib/pdinfra/probe/last.json`, its age)
+
+    Rule: on the router node: fail if the last probe failed a prefill->decode pair (the pair and its evidence named),
+    never ran, lists no pair, is unreadable or older than its bound; n/a on nodes without the probe timer
+
+    Remedy: `journalctl -u pdinfra-probe`; the failing pair's units and `pdinfra validate --transfer`
+    """
     dh = facts.get("deep_health") or {}
     if not dh.get("deployed"):
         return na("no deep-health probe on this host (pdinfra-probe.timer runs on the router node)")
@@ -110,6 +133,13 @@ def pd_consistency_problems(instances: list[dict[str, Any]], pd_hosts: int) -> l
 
 @check("serving.pd_consistency", "Prefill/decode instances agree and do not collide", "serving")
 def pd_consistency(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `instances[]`
+
+    Rule: fail if model, dtype, block_size or connector differ, a role is not prefill/decode/both, two instances share
+    `port` or `side_channel_port`, or `side_channel_host` is local while `pd_hosts` > 1
+
+    Remedy: same model/dtype/block size/connector everywhere; own ports; routable side-channel host
+    """
     instances = [i for i in facts.get("instances") or [] if "error" not in i]
     if not instances:
         return na("no pdinfra serving instances on this host")

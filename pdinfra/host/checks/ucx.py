@@ -21,6 +21,13 @@ def required_transports(expect: Expect) -> list[str]:
 
 @check("ucx.transports", "UCX offers the transports the KV path needs", "ucx")
 def ucx_transports(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `ucx.transports`
+
+    Rule: fail if a required transport is missing (KV transfer would fall back to tcp); warn if `ucx_info -d` is not
+    available
+
+    Remedy: use a CUDA+verbs UCX (nixl's bundled one), don't pin `UCX_TLS` to tcp, keep tcp for wire-up
+    """
     need = required_transports(expect)
     if not need:
         return na("CPU-role host without RDMA: tcp/shared memory suffice")
@@ -75,6 +82,16 @@ def _gpu_numa(facts: Facts) -> dict[int, int | None]:
 
 @check("ucx.env", "The UCX environment of the serving units matches the host (NICs, GID index, affinity)", "ucx")
 def ucx_env(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `/etc/pdinfra/ucx*.env` (the ucx role's files), RDMA ports and GIDs, GPU/NIC NUMA nodes
+
+    Rule: fail if `UCX_TLS` (aliases expanded) lacks a needed transport, `UCX_NET_DEVICES` names a port that is absent
+    or down, `UCX_IB_GID_INDEX` is not a RoCE v2 IPv4 GID, or a per-GPU file names a NIC on another NUMA node, or on a
+    host with two or more GPUs one GPU has no active NVLink while `UCX_CUDA_IPC_ENABLE_GET_ZCOPY` is not `y` (UCX's auto
+    turns cuda_ipc GET off there: vLLM's KV READ goes over tcp); warn when NUMA nodes are not recorded or an RDMA host
+    has no file
+
+    Remedy: re-run the ucx role; `show_gids`
+    """
     files = (facts.get("ucx") or {}).get("env_files") or {}
     if not files:
         if expect.rdma:
