@@ -1,13 +1,16 @@
 """Docs generated from the schema: docs/variables.md and the variable table of every role's README.
 
 ``python -m pdinfra.cluster.docs --write`` rewrites them; ``--check`` (and tests/unit/test_docs_generated.py)
-fails when a file drifted from the schema, the roles' argument specs or their defaults.
+fails when a file drifted from the schema, the roles' argument specs or their defaults. The check catalog of
+docs/validation.md belongs to the host layer, which this one may not import: ``python -m pdinfra.host.docs``
+rewrites these files and that one.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -155,13 +158,17 @@ def targets() -> dict[Path, str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(
+    argv: list[str] | None = None, generate: Callable[[], dict[Path, str]] | None = None, description: str = ""
+) -> int:
+    """``generate`` (default: :func:`targets`) gives each generated file's text; a later layer passes its own
+    (:mod:`pdinfra.host.docs` adds docs/validation.md)."""
+    parser = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="rewrite the files")
     parser.add_argument("--check", action="store_true", help="exit 1 when a file differs")
     args = parser.parse_args(argv)
     drifted = []
-    for path, text in targets().items():
+    for path, text in (generate or targets)().items():
         current = path.read_text(encoding="utf-8") if path.exists() else ""
         if current != text:
             drifted.append(path)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pdinfra.cluster import docs, schema
+from pdinfra.host import checks
+from pdinfra.host import docs as host_docs
 
 REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = {"pdinfra_cluster", "pdinfra_node", "pdinfra_secrets", "pdinfra_host"}
@@ -20,11 +23,46 @@ def test_variables_md_and_role_readmes_are_generated_from_the_schema():
     assert not drifted, f"regenerate with `python -m pdinfra.cluster.docs --write`: {drifted}"
 
 
+def test_validation_md_catalog_is_generated_from_the_checks():
+    """docs/validation.md's catalog table is the registry's: every check (and fleet check) with its title and the
+    Reads/Rule/Remedy of its docstring, in catalog order."""
+    targets = host_docs.targets()
+    assert set(docs.targets()) < set(targets)
+    drifted = [str(p.relative_to(REPO)) for p, text in targets.items() if p.read_text() != text]
+    assert not drifted, f"regenerate with `python -m pdinfra.host.docs --write`: {drifted}"
+    text = host_docs.VALIDATION_MD.read_text()
+    table = text[text.index(host_docs.BEGIN) : text.index(host_docs.END)]
+    ids = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    assert ids == [c.id for c in checks.CATALOG] + [cid for cid, _ in checks.FLEET_CHECKS]
+
+
 def test_the_drift_check_sees_a_change(tmp_path, monkeypatch):
     stale = tmp_path / "variables.md"
     stale.write_text("# stale\n")
     monkeypatch.setattr(docs, "VARIABLES_MD", stale)
     assert docs.main(["--check"]) == 1
+
+
+def test_the_catalog_drift_check_sees_a_change(tmp_path, monkeypatch):
+    """A stale catalog row is noticed, and the hand-written text around the markers is kept when regenerating."""
+    current = host_docs.VALIDATION_MD.read_text()
+    stale = tmp_path / "validation.md"
+    stale.write_text(current.replace("| `os.iommu` | os |", "| `os.iommu` | stale |").replace("## Fixtures", "## Fix"))
+    monkeypatch.setattr(host_docs, "VALIDATION_MD", stale)
+    monkeypatch.setattr(docs, "targets", dict)  # only the stale file: --write must not touch the repository
+    assert host_docs.main(["--check"]) == 1
+    assert host_docs.main(["--write"]) == 0
+    assert stale.read_text() == current.replace("## Fixtures", "## Fix")
+
+
+def test_a_check_without_its_doc_paragraphs_is_refused():
+    def undocumented(facts, expect):
+        """Reads: something
+
+        Remedy: fix it"""
+
+    with pytest.raises(ValueError, match="lacks a Rule: paragraph"):
+        host_docs.check_doc(undocumented)
 
 
 def _expressions(path: Path) -> list[str]:
