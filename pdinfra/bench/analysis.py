@@ -12,8 +12,12 @@ Rules (docs/benchmarking.md explains them):
   good / planned requests. A point *meets the SLO* when attainment >= the SLO's target and its pooled ITL
   P99 is within ``itl_p99_ms``.
 - A layout *sustains* concurrency C when every valid point of that workload up to C meets the SLO.
-- Per workload, the layout with the higher SLO goodput per GPU (best goodput/GPU over the points that meet
-  the SLO) wins; PD must beat aggregated serving by ``pd_margin`` (10 %) to be recommended.
+- *Goodput within the SLO* (:func:`slo_goodput`) of a layout at concurrency C is its goodput per GPU where it
+  sustains C, 0 where it does not: a point that misses the SLO (its ITL P99, say) serves no request within it,
+  however many requests met their per-request bounds. Per workload, the layout with the higher best goodput
+  within the SLO wins; PD must beat aggregated serving by ``pd_margin`` (10 %) to be recommended. The report's
+  goodput plot draws the same series, so the text's ratio can be read off the plot.
+- "Per GPU" is per CPU instance on a CPU run (``BenchEndpoints.device == "cpu"``): a CPU instance has no GPU.
 
 Everything is deterministic: same run directory, same SLO -> identical tables.
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ from pdinfra.cluster import kvshape
 STATS = ("mean", *(f"p{pct_word(p)}" for p in PERCENTILES))  # mean, p50, p90, p99, p99.9
 VALID = "ok"
 DEFAULT_PD_MARGIN = 0.10
+DEVICES = ("gpu", "cpu")
 
 
 class BenchDataError(ValueError):
@@ -443,6 +448,15 @@ class LayoutSummary:
     invalid: list[str]
 
 
+@dataclass(frozen=True)
+class SloGoodput:
+    """Goodput within the SLO of one layout at one concurrency (:func:`slo_goodput`)."""
+
+    concurrency: int
+    value: float | None  # good req/s per GPU (per instance on CPU) where sustained; 0.0 where not; None: unknown
+    sustained: bool  # this point and every valid point below it meet the SLO
+
+
 @dataclass
 class HeadToHead:
     concurrency: int
@@ -458,6 +472,9 @@ class WorkloadVerdict:
     winner: str  # agg | pd | none | only-<layout>
     reason: str
     pd_gain: float | None  # PD's SLO goodput/GPU over agg's
+    # layout -> (best goodput within the SLO, at concurrency) over the compared concurrencies: the figures the
+    # reason quotes and pd_gain divides, maxima of slo_goodput (the goodput plot rings them)
+    compared: dict[str, tuple[float | None, int | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -523,8 +540,18 @@ class RunAnalysis:
         return None
 
     def gpus(self, layout: str) -> int:
+        """What the layout's per-unit figures divide by: its GPUs, its instances on a CPU run (:attr:`unit`)."""
         lay = self.endpoints.layouts.get(layout)
-        return lay.total_gpus if lay else 1
+        return lay.units(self.endpoints.device) if lay else 1
+
+    @property
+    def unit(self) -> str:
+        """What "per GPU" is per: ``GPU``, or ``instance`` on a CPU run (no GPU to count)."""
+        return unit_of(self.endpoints.device)
+
+    def units_text(self, n: int) -> str:
+        """``2 GPUs``, ``1 GPU``, ``2 CPU instances``."""
+        return units_text(self.endpoints.device, n)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -532,6 +559,8 @@ class RunAnalysis:
         rec = self.recommendation
         return {
             "run_id": self.run_id,
+            "device": self.endpoints.device,
+            "unit": self.unit,
             "slo": self.slo.to_dict(),
             "pd_margin": self.pd_margin,
             "points": [p.to_dict() for p in self.points],
@@ -545,6 +574,7 @@ class RunAnalysis:
                         "winner": v.winner,
                         "reason": v.reason,
                         "pd_gain": v.pd_gain,
+                        "compared": {k: {"goodput_per_gpu": b[0], "at": b[1]} for k, b in sorted(v.compared.items())},
                         "layouts": {k: asdict(s) for k, s in sorted(v.layouts.items())},
                         "head_to_head": [asdict(r) for r in v.rows],
                     }
@@ -556,6 +586,15 @@ class RunAnalysis:
                 for k in self.kv
             ],
         }
+
+
+def unit_of(device: str | None) -> str:
+    return "instance" if device == "cpu" else "GPU"
+
+
+def units_text(device: str | None, n: int) -> str:
+    noun = "CPU instance" if device == "cpu" else "GPU"
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _rate_json(rate: float) -> float | str:
@@ -575,9 +614,12 @@ def _sort_key(p: BenchPoint) -> tuple:
     return (Workload.of(p), p.layout, p.max_concurrency, p.repeat)
 
 
-def analyze_run(run_dir: Path, slo: SLO | None = None, pd_margin: float = DEFAULT_PD_MARGIN) -> RunAnalysis:
+def analyze_run(
+    run_dir: Path, slo: SLO | None = None, pd_margin: float = DEFAULT_PD_MARGIN, device: str | None = None
+) -> RunAnalysis:
     """Analyse a run directory. ``slo`` overrides the SLO the run recorded (goodput is then recomputed
-    from the per-request detail)."""
+    from the per-request detail); ``device`` ("gpu" | "cpu") the device kind it recorded, for runs recorded
+    before the manifest had one."""
     run_dir = Path(run_dir)
     manifest, err = load_json(run_dir / "manifest.json")
     if err or not isinstance(manifest, dict) or manifest.get("kind") != "pdinfra-bench-run":
@@ -586,13 +628,17 @@ def analyze_run(run_dir: Path, slo: SLO | None = None, pd_margin: float = DEFAUL
     run_slo = SLO.from_dict(manifest.get("slo"))
     slo = slo or run_slo
     endpoints = BenchEndpoints.from_dict(manifest["endpoints"])
+    if device is not None:
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
+        endpoints = replace(endpoints, device=device)
     entries = manifest.get("points") or [{"key": p.key, "point": p.to_dict()} for p in plan.points()]
 
     results = []
     for entry in entries:
         point = BenchPoint.from_dict(entry["point"])
         lay = endpoints.layouts.get(point.layout)
-        gpus = lay.total_gpus if lay else 1
+        gpus = lay.units(endpoints.device) if lay else 1
         path = run_dir / str(entry.get("file") or f"points/{point.key}.json")
         record, err = load_json(path)
         kwargs = {"gpus": gpus, "slo": slo, "run_slo": run_slo}
@@ -630,26 +676,59 @@ def analyze_run(run_dir: Path, slo: SLO | None = None, pd_margin: float = DEFAUL
 
 
 # ----------------------------------------------------------------------------- verdicts
-def summarize_layout(ra: RunAnalysis, workload: Workload, layout: str) -> LayoutSummary:
-    cells = sorted((c for c in ra.cells if c.workload == workload and c.layout == layout), key=lambda c: c.concurrency)
-    sustained = None
-    first_failing = None
-    best, best_at, tps_at = None, None, None
-    for c in cells:
+def _layout_cells(ra: RunAnalysis, workload: Workload, layout: str) -> list[Cell]:
+    return sorted((c for c in ra.cells if c.workload == workload and c.layout == layout), key=lambda c: c.concurrency)
+
+
+def slo_goodput(ra: RunAnalysis, workload: Workload, layout: str) -> list[SloGoodput]:
+    """Goodput within the SLO per GPU (per instance on CPU) of one layout, at each concurrency it was measured at.
+
+    Where the layout sustains the concurrency (this point and every valid point below it meet the SLO): the
+    point's good requests/s per GPU. Where it does not: 0, since none of its requests was served within the SLO
+    (a point over the ITL P99 bound misses it whatever its requests' TTFTs). ``None`` where the point has no
+    valid data or its SLO verdict is unknown. The one source of the recommendation's "best SLO goodput" (and so
+    PD's gain) and of the report's goodput plot."""
+    out = []
+    broken = False
+    for c in _layout_cells(ra, workload, layout):
         if not c.valid:
+            out.append(SloGoodput(c.concurrency, None, False))
             continue
-        if c.meets_slo is not True:
-            first_failing = c.concurrency
-            break
-        sustained = c.concurrency
-        gpg = c.goodput_per_gpu
-        if gpg is not None and (best is None or gpg > best):
-            best, best_at, tps_at = gpg, c.concurrency, c.output_tps_per_gpu
+        meets = c.meets_slo
+        sustained = meets is True and not broken
+        if meets is not True:
+            broken = True
+        value = c.goodput_per_gpu if sustained else (None if meets is None else 0.0)
+        out.append(SloGoodput(c.concurrency, value, sustained))
+    return out
+
+
+def best_slo_goodput(series: list[SloGoodput], concs: Iterable[int] | None = None) -> tuple[float | None, int | None]:
+    """(best goodput within the SLO, its concurrency) over the sustained points, optionally only those at
+    ``concs``; (None, None) where the layout sustains none of them. Ties go to the lower concurrency."""
+    allowed = None if concs is None else set(concs)
+    best: tuple[float | None, int | None] = (None, None)
+    for g in series:
+        if not g.sustained or g.value is None or (allowed is not None and g.concurrency not in allowed):
+            continue
+        if best[0] is None or g.value > best[0]:
+            best = (g.value, g.concurrency)
+    return best
+
+
+def summarize_layout(ra: RunAnalysis, workload: Workload, layout: str) -> LayoutSummary:
+    cells = _layout_cells(ra, workload, layout)
+    series = slo_goodput(ra, workload, layout)
+    sustained = max((g.concurrency for g in series if g.sustained), default=None)
+    first_failing = next((c.concurrency for c in cells if c.valid and c.meets_slo is not True), None)
+    best, best_at = best_slo_goodput(series)
+    at = ra.cell(workload, layout, best_at) if best_at is not None else None
+    tps_at = at.output_tps_per_gpu if at else None
     invalid = [p.key for c in cells for p in c.points if not p.valid]
     return LayoutSummary(layout, ra.gpus(layout), sustained, best, best_at, tps_at, first_failing, invalid)
 
 
-def _head_to_head(agg: Cell | None, pd: Cell | None, margin: float) -> tuple[str, str]:
+def _head_to_head(agg: Cell | None, pd: Cell | None, margin: float, unit: str = "GPU") -> tuple[str, str]:
     if agg is None or pd is None or not agg.valid or not pd.valid:
         return "n/a", "a layout has no valid data at this concurrency"
     am, pm = agg.meets_slo, pd.meets_slo
@@ -661,13 +740,13 @@ def _head_to_head(agg: Cell | None, pd: Cell | None, margin: float) -> tuple[str
         return "neither", "neither meets the SLO"
     a, p = agg.goodput_per_gpu, pd.goodput_per_gpu
     if a is None or p is None or a <= 0:
-        return "tie", "both meet the SLO; goodput per GPU unknown"
+        return "tie", f"both meet the SLO; goodput per {unit} unknown"
     ratio = p / a
     if ratio >= 1 + margin:
-        return "pd", f"both meet the SLO; PD goodput/GPU x{ratio:.2f}"
+        return "pd", f"both meet the SLO; PD goodput/{unit} x{ratio:.2f}"
     if ratio <= 1 / (1 + margin):
-        return "agg", f"both meet the SLO; PD goodput/GPU x{ratio:.2f}"
-    return "tie", f"both meet the SLO; PD goodput/GPU x{ratio:.2f} (within {margin * 100:g}%)"
+        return "agg", f"both meet the SLO; PD goodput/{unit} x{ratio:.2f}"
+    return "tie", f"both meet the SLO; PD goodput/{unit} x{ratio:.2f} (within {margin * 100:g}%)"
 
 
 def verdict_for(ra: RunAnalysis, workload: Workload) -> WorkloadVerdict:
@@ -675,7 +754,7 @@ def verdict_for(ra: RunAnalysis, workload: Workload) -> WorkloadVerdict:
     concs = sorted({c.concurrency for c in ra.cells if c.workload == workload})
     rows = []
     for conc in concs:
-        w, why = _head_to_head(ra.cell(workload, "agg", conc), ra.cell(workload, "pd", conc), ra.pd_margin)
+        w, why = _head_to_head(ra.cell(workload, "agg", conc), ra.cell(workload, "pd", conc), ra.pd_margin, ra.unit)
         rows.append(HeadToHead(conc, w, why))
     agg, pd = layouts.get("agg"), layouts.get("pd")
     gain = None
@@ -697,7 +776,7 @@ def verdict_for(ra: RunAnalysis, workload: Workload) -> WorkloadVerdict:
             if common
             else "; no concurrency has valid data for both layouts, each layout's own best is compared"
         )
-    best = {lay: _best_within(ra, workload, layouts[lay], common or concs) for lay in ("agg", "pd")}
+    best = {lay: best_slo_goodput(slo_goodput(ra, workload, lay), common or concs) for lay in ("agg", "pd")}
     a, p = best["agg"][0], best["pd"][0]
 
     def desc(s: LayoutSummary) -> str:
@@ -705,8 +784,8 @@ def verdict_for(ra: RunAnalysis, workload: Workload) -> WorkloadVerdict:
         if value is None:
             return f"{s.layout} meets the SLO at no compared concurrency"
         return (
-            f"{s.layout} sustains concurrency {s.sustained_concurrency} on {s.gpus} GPUs, "
-            f"best SLO goodput {value:.3f} req/s/GPU at concurrency {at}"
+            f"{s.layout} sustains concurrency {s.sustained_concurrency} on {ra.units_text(s.gpus)}, "
+            f"best SLO goodput {value:.3f} req/s/{ra.unit} at concurrency {at}"
         )
 
     if a is None and p is None:
@@ -727,24 +806,7 @@ def verdict_for(ra: RunAnalysis, workload: Workload) -> WorkloadVerdict:
                 f"{desc(agg)}; {desc(pd)}; PD gains {more}, below the {ra.pd_margin * 100:g}% margin "
                 "that pays for the extra moving part"
             )
-    return WorkloadVerdict(workload, layouts, rows, winner, reason + note, gain)
-
-
-def _best_within(
-    ra: RunAnalysis, workload: Workload, s: LayoutSummary, concs: list[int]
-) -> tuple[float | None, int | None]:
-    """Best goodput/GPU over the given concurrencies that the layout sustains (the contiguous rule)."""
-    best: tuple[float | None, int | None] = (None, None)
-    if s.sustained_concurrency is None:
-        return best
-    for conc in concs:
-        cell = ra.cell(workload, s.layout, conc)
-        if cell is None or conc > s.sustained_concurrency or cell.meets_slo is not True:
-            continue
-        gpg = cell.goodput_per_gpu
-        if gpg is not None and (best[0] is None or gpg > best[0]):
-            best = (gpg, conc)
-    return best
+    return WorkloadVerdict(workload, layouts, rows, winner, reason + note, gain, best)
 
 
 def ratio_advice(ra: RunAnalysis) -> RatioAdvice | None:
@@ -821,7 +883,7 @@ def recommend(ra: RunAnalysis) -> Recommendation:
         layout, text = "none", "no valid point: nothing to recommend"
     elif winners == {"none"}:
         layout = "none"
-        text = "neither layout meets the SLO at any measured concurrency: relax the SLO or add GPUs"
+        text = f"neither layout meets the SLO at any measured concurrency: relax the SLO or add {ra.unit}s"
     elif len(ra.plan.layouts) == 1:
         layout = ra.plan.layouts[0]
         text = f"only {layout} was measured, nothing to compare it with; it meets the SLO on " + ", ".join(
@@ -829,14 +891,13 @@ def recommend(ra: RunAnalysis) -> Recommendation:
         )
     elif winners <= {"pd", "none"}:
         layout = "pd"
-        text = "PD disaggregation: it serves more requests per GPU within the SLO on " + ", ".join(
+        text = f"PD disaggregation: it serves more requests per {ra.unit} within the SLO on " + ", ".join(
             v.workload.label for v in verdicts if won(v) == "pd"
         )
     elif winners <= {"agg", "none"}:
         layout = "agg"
-        text = "aggregated serving: PD does not serve enough more requests per GPU within the SLO on " + ", ".join(
-            v.workload.label for v in verdicts if won(v) == "agg"
-        )
+        text = f"aggregated serving: PD does not serve enough more requests per {ra.unit} within the SLO on "
+        text += ", ".join(v.workload.label for v in verdicts if won(v) == "agg")
     else:
         layout = "mixed"
         parts = [f"{v.workload.label}: {v.winner}" for v in verdicts]

@@ -37,7 +37,8 @@ def endpoints_from_cluster(cluster: Cluster, redeploy: bool = False,
 
     redeploy=False: agg = the first decode instance served directly. redeploy=True: agg = the router in front
     of every instance redeployed as an aggregated server (the same GPUs as PD). Model shape, block size, KV dtype
-    and TP come from the model, so the report's KV predictions are those of the deployed instances."""
+    and TP come from the model, so the report's KV predictions are those of the deployed instances; the device kind
+    from the profile, so the report counts GPUs on a GPU cluster and CPU instances on a CPU one."""
     if not cluster.routers:
         raise LiveBenchError("the cluster has no router (inventory group 'router')")
     instances = [Instance(i.name, i.role, i.url, i.gpu_count) for i in cluster.instances]
@@ -64,6 +65,7 @@ def endpoints_from_cluster(cluster: Cluster, redeploy: bool = False,
         block_size=cluster.block_size,
         tp=cluster.tp,
         kv_dtype=cluster.kv_dtype,
+        device=cluster.profile if cluster.profile in ("gpu", "cpu") else None,
     )
     return endpoints, router.host
 

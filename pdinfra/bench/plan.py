@@ -265,6 +265,13 @@ class LayoutEndpoint:
     def role_gpus(self, role: str) -> int:
         return sum(i.gpus for i in self.instances if i.role == role)
 
+    def units(self, device: str | None) -> int:
+        """What the layout's per-unit figures divide by: its GPUs, or on CPU its instances (a CPU instance has no
+        GPU; ``Instance.gpus`` is then 1 per instance, or its TP, which is not a count of anything)."""
+        if device == "cpu" and self.instances:
+            return len(self.instances)
+        return self.total_gpus
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "layout": self.layout,
@@ -296,6 +303,9 @@ class BenchEndpoints:
     block_size: int = 16
     tp: int = 1
     kv_dtype: str | None = None  # the KV cache's dtype as served (None: the model shape's own)
+    # What the instances compute on: "gpu" or "cpu" (the cluster's pdinfra_profile); None where not recorded (runs
+    # before it was, or endpoints given by URL). The report counts GPUs, or CPU instances on "cpu".
+    device: str | None = None
 
     def layout(self, name: str) -> LayoutEndpoint:
         if name not in self.layouts:
@@ -312,6 +322,7 @@ class BenchEndpoints:
             "block_size": self.block_size,
             "tp": self.tp,
             "kv_dtype": self.kv_dtype,
+            "device": self.device,
             "layouts": {k: v.to_dict() for k, v in sorted(self.layouts.items())},
         }
 
@@ -327,4 +338,5 @@ class BenchEndpoints:
             block_size=int(data.get("block_size", 16)),
             tp=int(data.get("tp", 1)),
             kv_dtype=data.get("kv_dtype"),
+            device=data.get("device"),
         )

@@ -23,6 +23,7 @@ from pdinfra.bench.analysis import (
     RunAnalysis,
     Workload,
     analyze_run,
+    slo_goodput,
 )
 from pdinfra.bench.plan import METRICS, SLO
 
@@ -112,23 +113,44 @@ def latency_table(ra: RunAnalysis) -> Table:
     return t
 
 
+def _units_col(ra: RunAnalysis) -> str:
+    return f"{ra.unit}s"
+
+
+def _slo_goodput_by_cell(ra: RunAnalysis) -> dict[tuple[Workload, str, int], float | None]:
+    out = {}
+    for w in ra.workloads:
+        for lay in ra.plan.layouts:
+            out |= {(w, lay, g.concurrency): g.value for g in slo_goodput(ra, w, lay)}
+    return out
+
+
 def throughput_table(ra: RunAnalysis) -> Table:
+    u = ra.unit
     cols = [
         *KEY_COLUMNS,
-        "GPUs",
+        _units_col(ra),
         "valid",
         "req/s",
         "out tok/s",
-        "tok/s/GPU",
+        f"tok/s/{u}",
         "tok/s/user",
         "goodput req/s",
-        "goodput/GPU",
+        f"goodput/{u}",
+        f"SLO goodput/{u}",
         "attainment",
         "ITL P99",
         "meets SLO",
         "why not",
     ]
     t = Table("throughput", f"Throughput, goodput and SLO ({ra.slo.describe()})", cols)
+    t.note = (
+        "goodput = requests that met the per-request bounds (TTFT, TPOT, E2EL; vLLM's --goodput) per second, "
+        f"whether or not the point meets the SLO; SLO goodput/{u} = goodput/{u} where the layout sustains the "
+        "concurrency within the whole SLO (ITL P99 and attainment too, at this and every lower concurrency), 0 "
+        "where it does not: the figure the recommendation compares and the goodput plot draws."
+    )
+    within = _slo_goodput_by_cell(ra)
     for c in ra.cells:
         valid = c.valid
         gpus = c.points[0].gpus
@@ -143,6 +165,7 @@ def throughput_table(ra: RunAnalysis) -> Table:
                 fmt(c.avg(lambda p: p.output_tps_per_user)),
                 fmt(c.avg(lambda p: p.goodput_rps), 3),
                 fmt(c.goodput_per_gpu, 3),
+                fmt(within.get((c.workload, c.layout, c.concurrency)), 3),
                 fmt_pct(c.avg(lambda p: p.attainment)),
                 fmt(c.stat("itl", "p99")),
                 fmt_bool(c.meets_slo) if valid else "-",
@@ -188,7 +211,17 @@ def server_table(ra: RunAnalysis) -> Table:
 
 
 def sustained_table(ra: RunAnalysis) -> Table:
-    cols = ["workload", "layout", "GPUs", "sustains conc", "first failing", "best goodput/GPU", "at conc", "tok/s/GPU"]
+    u = ra.unit
+    cols = [
+        "workload",
+        "layout",
+        _units_col(ra),
+        "sustains conc",
+        "first failing",
+        f"best SLO goodput/{u}",
+        "at conc",
+        f"tok/s/{u}",
+    ]
     t = Table("sustained", "Highest concurrency each layout sustains within the SLO", cols)
     for v in ra.recommendation.per_workload:
         for lay, s in sorted(v.layouts.items()):
@@ -215,8 +248,8 @@ def head_to_head_table(ra: RunAnalysis) -> Table:
         "ITL P99 PD",
         "TTFT P99 agg",
         "TTFT P99 PD",
-        "goodput/GPU agg",
-        "goodput/GPU PD",
+        f"goodput/{ra.unit} agg",
+        f"goodput/{ra.unit} PD",
         "winner",
         "why",
     ]
@@ -334,7 +367,7 @@ def compare_tables(runs: list[RunAnalysis]) -> list[Table]:
     keys = sorted({(c.workload, c.layout, c.concurrency) for ra in runs for c in ra.cells})
     cols = ["workload", "layout", "conc"]
     for ra in runs:
-        cols += [f"ITL P99 {ra.run_id}", f"TTFT P99 {ra.run_id}", f"goodput/GPU {ra.run_id}", f"SLO {ra.run_id}"]
+        cols += [f"ITL P99 {ra.run_id}", f"TTFT P99 {ra.run_id}", f"goodput/{ra.unit} {ra.run_id}", f"SLO {ra.run_id}"]
     side = Table("compare", "Side by side (valid points only; '-' = not measured or broken)", cols)
     for w, lay, conc in keys:
         row = [w.label, lay, str(conc)]
@@ -384,9 +417,24 @@ def _series(ra: RunAnalysis, w: Workload, layout: str, value: Any) -> tuple[list
         y = value(c) if c.valid else None
         xs.append(c.concurrency)
         ys.append(math.nan if y is None else y)
+    return _drawable(xs, ys)
+
+
+def _drawable(xs: list[int], ys: list[float]) -> tuple[list[int], list[float]]:
     if all(math.isnan(y) for y in ys):
         return [], []
     return xs, ys
+
+
+def slo_goodput_series(ra: RunAnalysis, w: Workload, layout: str) -> tuple[list[int], list[float]]:
+    """The goodput plot's line: :func:`pdinfra.bench.analysis.slo_goodput`, the series the recommendation's
+    "best SLO goodput" (and PD's gain) is the maximum of; NaN where unknown."""
+    series = slo_goodput(ra, w, layout)
+    return _drawable([g.concurrency for g in series], [math.nan if g.value is None else g.value for g in series])
+
+
+def _cell_series(value: Any) -> Any:
+    return lambda ra, w, layout: _series(ra, w, layout, value)
 
 
 def _log2_axis(ax: Any, concs: list[int]) -> None:
@@ -398,23 +446,24 @@ def _log2_axis(ax: Any, concs: list[int]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _lines(ax: Any, runs: list[RunAnalysis], w: Workload, value: Any, ylabel: str) -> list[int]:
+def _lines(
+    ax: Any, runs: list[RunAnalysis], w: Workload, series: Any, ylabel: str, what: str = "", faint: bool = False
+) -> list[int]:
+    """One line per run and layout; ``series(ra, w, layout) -> (xs, ys)``. ``what`` is added to the label,
+    ``faint`` draws a thin, light line with hollow markers (context behind the main lines)."""
     concs: list[int] = []
     for i, ra in enumerate(runs):
         for layout in ra.plan.layouts:
-            xs, ys = _series(ra, w, layout, value)
+            xs, ys = series(ra, w, layout)
             if not xs:
                 continue
             concs += xs
-            label = layout if len(runs) == 1 else f"{layout} {ra.run_id}"
-            ax.plot(
-                xs,
-                ys,
-                RUN_STYLES[i % len(RUN_STYLES)],
-                marker=RUN_MARKERS[i % len(RUN_MARKERS)],
-                color=LAYOUT_COLORS.get(layout, "#333333"),
-                label=label,
-            )
+            label = " ".join(x for x in (layout, what, "" if len(runs) == 1 else ra.run_id) if x)
+            color = LAYOUT_COLORS.get(layout, "#333333")
+            style: dict[str, Any] = {"color": color, "label": label}
+            if faint:
+                style |= {"alpha": 0.45, "linewidth": 1, "markerfacecolor": "none"}
+            ax.plot(xs, ys, RUN_STYLES[i % len(RUN_STYLES)], marker=RUN_MARKERS[i % len(RUN_MARKERS)], **style)
     ax.set_ylabel(ylabel)
     return concs
 
@@ -427,32 +476,108 @@ def _finish(ax: Any, concs: list[int], title: str) -> None:
         ax.legend(fontsize=8)
 
 
+def _unit(runs: list[RunAnalysis]) -> str:
+    units = {ra.unit for ra in runs}
+    return units.pop() if len(units) == 1 else "GPU or instance"
+
+
+def _panels(workloads: list[Workload]) -> tuple[Any, list[Any]]:
+    n = max(1, min(len(workloads), 3))
+    return _figure(width=5 * n, ncols=n)
+
+
+GOODPUT_TITLE = (
+    "Goodput within the SLO vs concurrency (req/s per {unit}; faint: every completed request; "
+    "rings: the points the recommendation compares)"
+)
+
+
+def goodput_figure(runs: list[RunAnalysis]) -> Any:
+    """Per workload: goodput within the SLO per GPU (:func:`slo_goodput_series`, the recommendation's figure; 0
+    where the layout does not sustain the concurrency), over the request throughput per GPU, faint, so the
+    requests served outside the SLO show as the gap between the two; the points the recommendation compares
+    (whose ratio is "PD gains xN") ringed."""
+    workloads = sorted({w for ra in runs for w in ra.workloads})
+    unit = _unit(runs)
+    fig, axes = _panels(workloads)
+    for ax, w in zip(axes, workloads[:3], strict=False):
+        _lines(
+            ax,
+            runs,
+            w,
+            _cell_series(lambda c: _per_unit(c, lambda p: p.request_throughput)),
+            f"req/s per {unit}",
+            what="all requests",
+            faint=True,
+        )
+        concs = _lines(ax, runs, w, slo_goodput_series, f"req/s per {unit}", what="within SLO")
+        _ring_compared(ax, runs, w)
+        _finish(ax, concs, w.label)
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:  # the figure's own lines first in the legend, the faint context after
+            order = sorted(
+                range(len(labels)), key=lambda i: ("within SLO" not in labels[i], "all requests" in labels[i])
+            )
+            ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8)
+    fig.suptitle(f"Goodput within the SLO per {unit}", fontsize=11)
+    return fig
+
+
+COMPARED_LABEL = "compared in the text"
+
+
+def _ring_compared(ax: Any, runs: list[RunAnalysis], w: Workload) -> None:
+    """Ring the points the recommendation compares: each layout's best goodput within the SLO (its verdict's
+    ``compared``), whose ratio is "PD gains xN"."""
+    label = COMPARED_LABEL
+    for i, ra in enumerate(runs):
+        v = next((v for v in ra.recommendation.per_workload if v.workload == w), None)
+        for value, at in v.compared.values() if v else ():
+            if value is None:
+                continue
+            ax.plot(
+                [at],
+                [value],
+                linestyle="none",
+                marker=RUN_MARKERS[i % len(RUN_MARKERS)],
+                markersize=13,
+                markerfacecolor="none",
+                markeredgecolor="#333333",
+                markeredgewidth=1.2,
+                label=label,
+            )
+            label = "_" + COMPARED_LABEL  # one legend entry
+
+
+def _per_unit(c: Cell, getter: Any) -> float | None:
+    return c.avg(lambda p: None if getter(p) is None else getter(p) / p.gpus)
+
+
 def plots(runs: list[RunAnalysis]) -> list[Plot]:
-    """ITL/TTFT P99 per workload, goodput and throughput per GPU, TTFT vs prefix-hit ratio when measured."""
+    """ITL/TTFT P99 per workload, goodput within the SLO and throughput per GPU, TTFT vs prefix-hit ratio when
+    measured. "Per GPU" is per instance on a CPU run."""
     out = []
     slo = runs[0].slo
     workloads = sorted({w for ra in runs for w in ra.workloads})
     for w in workloads:
         fig, (ax1, ax2) = _figure(ncols=2)
-        c1 = _lines(ax1, runs, w, lambda c: c.stat("itl", "p99"), "ITL P99 (ms)")
+        c1 = _lines(ax1, runs, w, _cell_series(lambda c: c.stat("itl", "p99")), "ITL P99 (ms)")
         if slo.itl_p99_ms:
             ax1.axhline(slo.itl_p99_ms, color="#555555", linestyle="--", linewidth=1, label="SLO")
         _finish(ax1, c1, f"ITL P99 - {w.label}")
-        c2 = _lines(ax2, runs, w, lambda c: c.stat("ttft", "p99"), "TTFT P99 (ms)")
+        c2 = _lines(ax2, runs, w, _cell_series(lambda c: c.stat("ttft", "p99")), "TTFT P99 (ms)")
         if slo.ttft_ms:
             ax2.axhline(slo.ttft_ms, color="#555555", linestyle="--", linewidth=1, label="SLO (per request)")
         _finish(ax2, c2, f"TTFT P99 - {w.label}")
         out.append(Plot(f"latency-{w.slug}", f"ITL and TTFT P99 vs concurrency, {w.label}", _png(fig)))
 
-    for name, title, value, ylabel in (
-        ("goodput", "Goodput vs concurrency", lambda c: c.avg(lambda p: p.goodput_rps), "goodput (req/s)"),
-        ("throughput-per-gpu", "Output throughput per GPU vs concurrency", lambda c: c.output_tps_per_gpu, "tok/s/GPU"),
-    ):
-        fig, axes = _figure(width=5 * max(1, min(len(workloads), 3)), ncols=max(1, min(len(workloads), 3)))
-        for ax, w in zip(axes, workloads[:3], strict=False):
-            concs = _lines(ax, runs, w, value, ylabel)
-            _finish(ax, concs, w.label)
-        out.append(Plot(name, title, _png(fig)))
+    unit = _unit(runs)
+    out.append(Plot("goodput", GOODPUT_TITLE.format(unit=unit), _png(goodput_figure(runs))))
+    fig, axes = _panels(workloads)
+    for ax, w in zip(axes, workloads[:3], strict=False):
+        concs = _lines(ax, runs, w, _cell_series(lambda c: c.output_tps_per_gpu), f"tok/s/{unit}")
+        _finish(ax, concs, w.label)
+    out.append(Plot("throughput-per-gpu", f"Output throughput per {unit} vs concurrency", _png(fig)))
 
     pts = [
         (p.server.get("prefix_hit_ratio"), p.stat("ttft", "p50"), p.point.layout)
@@ -512,6 +637,13 @@ dt { font-weight: bold; } dd { margin: 0; }
 """
 
 
+DEVICE_TEXT = {
+    "gpu": "GPU",
+    "cpu": "CPU (figures are per instance)",
+    "": "not recorded, counted as GPUs (bench report --device cpu for a CPU run)",
+}
+
+
 def _meta_items(ra: RunAnalysis) -> list[tuple[str, str]]:
     m = ra.manifest
     ep = ra.endpoints
@@ -523,10 +655,11 @@ def _meta_items(ra: RunAnalysis) -> list[tuple[str, str]]:
         ("plan", f"{ra.plan.name}: {len(ra.points)} points, layouts {', '.join(ra.plan.layouts)}"),
         ("SLO", ra.slo.describe()),
         ("model", f"{ep.model} (tokenizer {ep.tokenizer}, KV shape {ep.model_shape or '-'}, tp {ep.tp})"),
+        ("device", DEVICE_TEXT.get(ep.device or "", DEVICE_TEXT[""])),
     ]
     for name, lay in sorted(ep.layouts.items()):
         inst = ", ".join(f"{i.name} {i.role} x{i.gpus}" for i in lay.instances) or "-"
-        items.append((f"layout {name}", f"{lay.base_url}, {lay.total_gpus} GPUs ({inst})"))
+        items.append((f"layout {name}", f"{lay.base_url}, {ra.units_text(ra.gpus(name))} ({inst})"))
     for k, v in sorted((m.get("versions") or {}).items()):
         items.append((f"version {k}", str(v)))
     for k, v in sorted((m.get("host") or {}).items()):
@@ -595,15 +728,20 @@ def write_report(
     output: Path,
     slo: SLO | None = None,
     pd_margin: float = DEFAULT_PD_MARGIN,
+    device: str | None = None,
 ) -> ReportFiles:
-    """Analyse the runs and write the report into directory ``output`` (created; files replaced)."""
+    """Analyse the runs and write the report into directory ``output`` (created; files replaced). ``device``
+    ("gpu" | "cpu") overrides the device kind the runs recorded (runs from before manifests recorded one)."""
     if not run_dirs:
         raise ValueError("no run directory given")
-    runs = [analyze_run(Path(d), slo=slo, pd_margin=pd_margin) for d in run_dirs]
+    runs = [analyze_run(Path(d), slo=slo, pd_margin=pd_margin, device=device) for d in run_dirs]
     if len(runs) > 1:
         runs = _order(runs)
         base = runs[0].slo
-        runs = [ra if ra.slo == base else analyze_run(ra.run_dir, slo=base, pd_margin=pd_margin) for ra in runs]
+        runs = [
+            ra if ra.slo == base else analyze_run(ra.run_dir, slo=base, pd_margin=pd_margin, device=device)
+            for ra in runs
+        ]
     output = Path(output)
     plot_dir = output / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)

@@ -184,13 +184,23 @@ def bench_report_cmd(
     pd_margin: Annotated[
         float, typer.Option(help="PD must beat agg's SLO goodput/GPU by this fraction to be recommended")
     ] = 0.10,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="gpu or cpu: what the instances computed on, for runs whose manifest does not say (recorded "
+            "before manifests had endpoints.device); on cpu the report counts instances, not GPUs"
+        ),
+    ] = None,
 ) -> None:
     """Rebuild the report (HTML, Markdown, PNG plots, analysis.json) from saved runs; several runs -> compare."""
-    from pdinfra.bench.analysis import BenchDataError
+    from pdinfra.bench.analysis import DEVICES, BenchDataError
     from pdinfra.bench.report import text_summary, write_report
 
+    if device is not None and device not in DEVICES:
+        typer.echo(f"error: --device must be one of {', '.join(DEVICES)}, not {device!r}", err=True)
+        raise typer.Exit(2)
     try:
-        files = write_report(list(run_dirs), output, slo=parse_slo(slo), pd_margin=pd_margin)
+        files = write_report(list(run_dirs), output, slo=parse_slo(slo), pd_margin=pd_margin, device=device)
     except (BenchDataError, ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -103,7 +103,7 @@ def test_broken_and_missing_points_are_reported_and_excluded(ra):
     lat_keys = {tuple(r[:4]) for r in Rep.latency_table(ra).rows}
     assert ("agg", "1024", "32", "4") not in lat_keys and ("pd", "1024", "32", "8") not in lat_keys
     thr = {tuple(r[:4]): r for r in Rep.throughput_table(ra).rows}
-    assert thr[("agg", "1024", "32", "4")][5:] == ["0/1"] + ["-"] * 9 + ["no valid data"]
+    assert thr[("agg", "1024", "32", "4")][5:] == ["0/1"] + ["-"] * 10 + ["no valid data"]
     # the sustained-concurrency rule skips them, and the sustained table lists the invalid points
     v1k = ra.recommendation.per_workload[0]
     assert v1k.layouts["agg"].invalid == [BROKEN] and v1k.layouts["pd"].invalid == [MISSING]

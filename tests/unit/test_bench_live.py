@@ -28,6 +28,8 @@ def test_endpoints_of_the_local_cluster():
     assert ep.layout("agg").base_url == "http://198.18.0.11:8201"  # the first decode instance, direct
     assert ep.tokenizer == "/opt/pdinfra/models/pdinfra-tiny-llama" and ep.block_size == 32
     assert ep.model_shape == "tiny" and ep.kv_dtype == "bfloat16" and ep.tp == 1  # served in bfloat16
+    assert ep.device == "cpu"  # the local profile: the report counts CPU instances, not GPUs
+    assert ep.to_dict()["device"] == "cpu"  # recorded in the run manifest
 
 
 def test_gpu_example_bench_predicts_kv_with_the_deployed_geometry():
@@ -35,7 +37,7 @@ def test_gpu_example_bench_predicts_kv_with_the_deployed_geometry():
     ep, router = live.endpoints_from_cluster(cluster(GPU_INV))
     assert router == "hgx-h100-01"
     assert (ep.model_shape, ep.block_size, ep.tp, ep.kv_dtype) == ("gpt-oss-120b", 64, 4, "bfloat16")
-    assert ep.layout("pd").total_gpus == 16
+    assert ep.layout("pd").total_gpus == 16 and ep.device == "gpu"
 
 
 def test_endpoints_with_redeploy_use_every_instance_behind_the_router():
