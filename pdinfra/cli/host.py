@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdinfra.cluster.model import NODE_FILE, Cluster
-from pdinfra.host import checks
+from pdinfra.host import checks, fleet
 from pdinfra.host.facts import gather, write_nvml_record
 
 VERDICT_STYLE = {checks.PASS: "green", checks.WARN: "yellow", checks.FAIL: "bold red", checks.NA: "dim"}
@@ -119,6 +119,113 @@ def render_table(results: list[checks.CheckResult], console: Console, show_host:
     console.print(", ".join(f"{n} {v}" for v, n in counts.items()))
 
 
+def parse_margin(text: str) -> float:
+    """'10' or '10%' -> 0.1 (a percentage, above 0 and below 100)."""
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 100:
+        raise typer.BadParameter(f"{text!r}: want a percentage above 0 and below 100, e.g. 10 or 10%",
+                                 param_hint="--fleet-margin")  # fmt: skip
+    return value / 100
+
+
+def _load_transfer_report(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"{path}: {exc}", param_hint="--transfer-report") from exc
+    if not isinstance(data, dict) or "pdinfra_transfer" not in data or not data.get("host"):
+        raise typer.BadParameter(
+            f"{path}: not a pdinfra transfer report with its host ('pdinfra_transfer' and 'host' keys)",
+            param_hint="--transfer-report",
+        )
+    return data
+
+
+def fleet_samples(
+    all_facts: list[dict[str, Any]], labels: list[str], reports: list[tuple[Path, dict[str, Any]]]
+) -> list[fleet.HostSample]:
+    """One sample per host: its facts, and the transfer report whose ``host`` is its hostname."""
+    from pdinfra.transfer import fleet as transfer_fleet
+
+    names = [str(f.get("hostname") or "") for f in all_facts]
+    by_host: dict[int, dict[str, Any]] = {}
+    for path, report in reports:
+        matches = [i for i, n in enumerate(names) if n == report["host"]]
+        if len(matches) != 1:
+            why = "no --facts has that hostname" if not matches else "several --facts have that hostname"
+            raise typer.BadParameter(f"{path}: host {report['host']!r}: {why}", param_hint="--transfer-report")
+        if matches[0] in by_host:
+            raise typer.BadParameter(f"{path}: a second report for {report['host']!r}", param_hint="--transfer-report")
+        by_host[matches[0]] = report
+    samples = []
+    for i, (label, facts) in enumerate(zip(labels, all_facts, strict=True)):
+        report = by_host.get(i)
+        figures = transfer_fleet.figures(report) if report else {}
+        versions = transfer_fleet.versions(report) if report else {"NIXL": None, "torch": None}
+        samples.append(fleet.sample(label, facts, figures, versions if reports else None))
+    return samples
+
+
+def _host_labels(all_facts: list[dict[str, Any]], files: list[Path]) -> list[str]:
+    """Hostnames, with the facts file's name where two hosts share one (recorded VMs are often all 'vm')."""
+    names = [str(f.get("hostname") or "?") for f in all_facts]
+    return [n if names.count(n) == 1 else f"{n} ({p.name})" for n, p in zip(names, files, strict=True)]
+
+
+def render_fleet(view: fleet.FleetView, console: Console) -> None:
+    """The fleet view after the per-host table: every flag on its own row (by host), what holds summed up."""
+    table = Table(title=f"Fleet view: {len(view.hosts)} hosts, margin {fleet.pct(view.margin)}", expand=True)
+    table.add_column("host", no_wrap=True)
+    table.add_column("compared", overflow="fold", ratio=2)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("evidence", overflow="fold", ratio=3)
+    table.add_column("remedy", overflow="fold", ratio=2)
+    last_remedy = [""]
+
+    def add(host: str, subject: str, verdict: str, evidence: str, remedy: str = "") -> None:
+        style = VERDICT_STYLE.get(verdict, "")
+        shown = "(as above)" if remedy and remedy == last_remedy[0] else remedy
+        last_remedy[0] = remedy
+        evidence = evidence.removeprefix(f"{subject}: ")  # the figure's name is in its own column
+        table.add_row(host, subject, f"[{style}]{verdict}[/{style}]", evidence, shown)
+
+    figures = [r for r in view.rows if r.id == "fleet.figure"]
+    for r in sorted((r for r in figures if r.flag), key=lambda r: r.host):
+        add(r.host, r.subject, r.verdict, r.evidence, r.remedy)
+    too_few_hosts = [r for r in figures if "figures" in r.detail]  # fewer than MIN_HOSTS hosts: one row for all
+    for r in too_few_hosts:
+        add(r.host, r.subject, r.verdict, r.evidence, r.remedy)
+    unjudged = [r for r in figures if r.verdict == checks.WARN and r.host == "*" and "figure" in r.detail]
+    if unjudged:
+        names = ", ".join(r.subject for r in unjudged[:3]) + (", ..." if len(unjudged) > 3 else "")
+        add("*", f"{len(unjudged)} figures", checks.WARN,
+            f"cannot judge: reported by fewer than {fleet.MIN_HOSTS} hosts ({names})")  # fmt: skip
+    noisy = [r for r in figures if r.verdict == checks.NA]
+    if noisy:
+        add("*", f"{len(noisy)} figures", checks.NA, "not compared: over tcp on every host (varies run to run)")
+    held = [r for r in figures if r.verdict == checks.PASS]
+    if held:
+        add("*", f"{len(held)} figures", checks.PASS, f"every host within {fleet.pct(view.margin)} of the median")
+    versions = [r for r in view.rows if r.id == "fleet.version"]
+    for r in versions:
+        if r.evidence != fleet.NOT_RECORDED:
+            add(r.host, r.subject, r.verdict, r.evidence, r.remedy)
+    unknown = [r.subject for r in versions if r.evidence == fleet.NOT_RECORDED]
+    if unknown:
+        add("*", ", ".join(unknown), checks.NA, fleet.NOT_RECORDED)
+    console.print(table)
+    flagged = sorted({r.host for r in view.flags()})
+    not_judged = len(unjudged) + sum(len(r.detail["figures"]) for r in too_few_hosts)
+    console.print(
+        f"fleet view: {len(view.flags())} flag(s)"
+        + (f" on {', '.join(flagged)}" if flagged else "")
+        + f"; {len(held)} figure(s) within the margin, {not_judged} not judged"
+    )
+
+
 def validate_cmd(
     facts_file: Annotated[
         list[Path] | None,
@@ -174,15 +281,42 @@ def validate_cmd(
             "size, KV dtype and TP shape the KV cases.",
         ),
     ] = Path(NODE_FILE),
+    transfer_report: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--transfer-report",
+            help="With several --facts: a host's transfer report (--transfer-output, `pdinfra transfer --output`; "
+            "repeatable), matched to the --facts of its hostname; its bandwidth-bound cases, raw copies and NIXL "
+            "version join the fleet view (its verdicts are not re-judged here).",
+        ),
+    ] = None,
+    fleet_margin: Annotated[
+        str,
+        typer.Option(
+            "--fleet-margin",
+            help="With several --facts: flag a host more than this percentage below the fleet median of a figure.",
+        ),
+    ] = "10",
 ) -> None:
-    """Validate hosts against the check catalog; exits 1 if any check fails, 2 on bad arguments."""
+    """Validate hosts against the check catalog; exits 1 if any check fails, 2 on bad arguments.
+
+    With several --facts, also the fleet view: hosts below the fleet median of a figure, or on another version."""
     _check_root(root)
+    margin = parse_margin(fleet_margin)
+    if transfer_report and len(facts_file or []) < 2:
+        raise typer.BadParameter(
+            "a transfer report joins the fleet view: give the --facts of two or more hosts",
+            param_hint="--transfer-report",
+        )
+    reports = [(p, _load_transfer_report(p)) for p in transfer_report or []]
     all_facts = [_load_facts(p) for p in facts_file] if facts_file else [gather(root or "/")]
     results: list[checks.CheckResult] = []
     for facts in all_facts:
         results += checks.run_checks(facts, _expect_for(facts, expect, len(all_facts)))
+    view = None
     if len(all_facts) > 1:
         results += checks.run_fleet_checks(all_facts)
+        view = fleet.compare(fleet_samples(all_facts, _host_labels(all_facts, facts_file or []), reports), margin)
     if peer and not transfer:
         raise typer.BadParameter("--peer measures a transfer: use it with --transfer", param_hint="--peer")
     if transfer:
@@ -223,8 +357,11 @@ def validate_cmd(
         if transfer_output and report:
             transfer_output.write_text(json.dumps(report, indent=1) + "\n")
     if json_out:
-        typer.echo(json.dumps([r.to_dict() for r in results], indent=1))
+        typer.echo(json.dumps([r.to_dict() for r in results] + (view.to_dicts() if view else []), indent=1))
     else:
-        render_table(results, Console(width=None if sys.stdout.isatty() else 200), show_host=len(all_facts) > 1)
+        console = Console(width=None if sys.stdout.isatty() else 200)
+        render_table(results, console, show_host=len(all_facts) > 1)
+        if view is not None:
+            render_fleet(view, console)
     if checks.failed(results):
         raise typer.Exit(1)

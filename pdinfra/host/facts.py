@@ -193,6 +193,7 @@ def command_file_name(argv: list[str]) -> str:
 
 RECORDED_COMMANDS: tuple[tuple[str, ...], ...] = (
     ("ucx_info", "-d"),
+    ("ucx_info", "-v"),
     ("ibv_devinfo",),
     ("nv-fabricmanager", "--version"),
     ("nvidia-fabricmanager", "--version"),
@@ -480,6 +481,7 @@ def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
         "index": index,
         "name": _str(_nvml_call(pynvml.nvmlDeviceGetName, h) or ""),
         "uuid": _str(_nvml_call(pynvml.nvmlDeviceGetUUID, h) or ""),
+        "vbios": _str(_nvml_get(pynvml, "nvmlDeviceGetVbiosVersion", h) or "") or None,
         "bus_id": normalise_bdf(pci.busId) if pci is not None else None,
         "persistence_mode": None if persistence is None else bool(persistence),
         "pcie": {
@@ -784,6 +786,19 @@ def parse_ibv_devinfo(text: str) -> dict[tuple[str, int], dict[str, int]]:
     return mtus
 
 
+def parse_ibv_fw(text: str) -> dict[str, str]:
+    """'ibv_devinfo' -> {hca_id: fw_ver}."""
+    fw: dict[str, str] = {}
+    hca = None
+    for raw in text.splitlines():
+        m = re.match(r"(hca_id|fw_ver):\s*(\S+)", raw.strip())
+        if m and m.group(1) == "hca_id":
+            hca = m.group(2)
+        elif m and hca is not None:
+            fw.setdefault(hca, m.group(2))
+    return fw
+
+
 def _rdma_port(host: Host, base: str, port: str) -> dict[str, Any]:
     pbase = f"{base}/ports/{port}"
     gids = []
@@ -818,6 +833,7 @@ def rdma(host: Host) -> dict[str, Any]:
         return {"present": False, "reason": "no devices in /sys/class/infiniband", "devices": []}
     found, devinfo = host.run(["ibv_devinfo"])
     mtus = parse_ibv_devinfo(devinfo) if found else {}
+    firmware = parse_ibv_fw(devinfo) if found else {}
     devices = []
     for name in names:
         base = f"sys/class/infiniband/{name}"
@@ -838,6 +854,7 @@ def rdma(host: Host) -> dict[str, Any]:
                 "name": name,
                 "pci": pci,
                 "driver": uevent.get("DRIVER"),
+                "fw_ver": host.line(f"{base}/fw_ver") or firmware.get(name),
                 "netdevs": host.listdir(f"{base}/device/net") or [],
                 "numa_node": _int(host.line(f"{base}/device/numa_node")),
                 "pcie": _pcie_link(host, f"{base}/device"),
@@ -992,12 +1009,21 @@ def ucx_env_files(host: Host) -> dict[str, dict[str, str]]:
     return out
 
 
+def parse_ucx_version(text: str) -> str | None:
+    """'ucx_info -v' -> the library version ('# Library version: 1.19.0'; UCX < 1.10: '# UCT version=1.9.0')."""
+    m = re.search(r"Library version:\s*(\S+)", text) or re.search(r"UCT version=(\S+)", text)
+    return m.group(1) if m else None
+
+
 def ucx(host: Host) -> dict[str, Any]:
     env_files = ucx_env_files(host)
     found, out = host.run(["ucx_info", "-d"])
     if not found:
         where = "on PATH" if host.live else f"recorded ({CMD_DIR}/{command_file_name(['ucx_info', '-d'])})"
-        return {"available": False, "reason": f"ucx_info not {where}", "transports": {}, "env_files": env_files}
+        return {"available": False, "reason": f"ucx_info not {where}", "transports": {}, "env_files": env_files,
+                "version": None}  # fmt: skip
+    has_version, version_out = host.run(["ucx_info", "-v"])
+    version = parse_ucx_version(version_out) if has_version else None
     transports = parse_ucx_info(out)
     if not transports:
         return {
@@ -1005,8 +1031,9 @@ def ucx(host: Host) -> dict[str, Any]:
             "reason": f"no 'Transport:' lines in ucx_info -d: {out[:200]}",
             "transports": {},
             "env_files": env_files,
+            "version": version,
         }
-    return {"available": True, "transports": transports, "env_files": env_files}
+    return {"available": True, "transports": transports, "env_files": env_files, "version": version}
 
 
 # --------------------------------------------------------------------------- kernel log (Xid events)

@@ -22,6 +22,8 @@ CASES = [
     "validate --facts /nonexistent-facts.json",
     "validate --expect /nonexistent-expect.json",
     "validate --peer root@198.18.0.12",
+    "validate --fleet-margin banana",
+    "validate --transfer-report /nonexistent-transfer.json",
     "facts --root /nonexistent-tree",
     "transfer --sizes banana",
     "transfer --block-size 0",

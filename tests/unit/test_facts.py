@@ -214,6 +214,26 @@ def test_parsers() -> None:
     assert cfg == {"CONFIG_PCI_P2PDMA": "n", "CONFIG_LOCALVERSION": "-x"}
     ucx = F.parse_ucx_info("#      Transport: tcp\n#         Device: eth0\n#      Transport: self\n")
     assert ucx == {"tcp": ["eth0"], "self": []}
+    assert F.parse_ucx_version("# Library version: 1.19.0\n# Library path: /x/libucs.so.0\n") == "1.19.0"
+    assert F.parse_ucx_version("# UCT version=1.9.0 revision 1d0a420\n") == "1.9.0"
+    assert F.parse_ucx_version("ucx_info: error") is None
+    assert F.parse_ibv_fw("hca_id:\tmlx5_0\n\tfw_ver:\t\t28.39.1002\nhca_id:\tmlx5_1\n") == {"mlx5_0": "28.39.1002"}
+
+
+def test_firmware_and_library_versions_for_the_fleet_view(recorded: dict, synthesised: dict, tmp_path: Path) -> None:
+    """NIC firmware (sysfs fw_ver, else ibv_devinfo), GPU VBIOS (NVML) and the UCX version (ucx_info -v)."""
+    assert {d["fw_ver"] for d in synthesised["rdma"]["devices"]} == {"28.39.1002"}  # from its ibv_devinfo
+    assert synthesised["ucx"]["version"] is None  # ucx_info -v not recorded: unknown
+    assert {d.get("vbios") for d in recorded["gpus"]["devices"]} == {None}  # not in the 2xH200 recording
+    nic = tmp_path / "sys/class/infiniband/mlx5_0"
+    nic.mkdir(parents=True)
+    (nic / "fw_ver").write_text("28.43.2026\n")
+    _cmd(tmp_path, ["ibv_devinfo"], "hca_id:\tmlx5_0\n\tfw_ver:\t\t\t\t28.39.1002\n")
+    _cmd(tmp_path, ["ucx_info", "-d"], "#      Transport: tcp\n#         Device: eth0\n")
+    _cmd(tmp_path, ["ucx_info", "-v"], "# Library version: 1.19.0\n# API headers version: 1.19.0\n")
+    facts = F.gather(str(tmp_path))
+    assert facts["rdma"]["devices"][0]["fw_ver"] == "28.43.2026"  # sysfs first
+    assert facts["ucx"]["version"] == "1.19.0"
 
 
 def test_facts_module_imports_only_the_standard_library_at_module_level() -> None:
@@ -274,6 +294,7 @@ def _fake_pynvml() -> types.ModuleType:
     m.nvmlDeviceGetHandleByIndex = lambda i: i
     m.nvmlDeviceGetName = lambda h: "NVIDIA H100 80GB HBM3"
     m.nvmlDeviceGetUUID = lambda h: f"GPU-fake-{h}"
+    m.nvmlDeviceGetVbiosVersion = lambda h: b"96.00.99.00.01"  # synthetic; some nvidia-ml-py versions return bytes
     m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=f"00000000:{0x18 + h:02X}:00.0".encode())
     m.nvmlDeviceGetPersistenceMode = lambda h: 1
     m.nvmlDeviceGetCurrPcieLinkGeneration = lambda h: 1
@@ -314,7 +335,7 @@ def test_nvml_live_path_with_fake_pynvml_round_trips_through_a_record(
     assert len(dev0["nvlinks"]) == 18 and dev0["nvlinks"][0]["remote_bus_id"] == "00000000:05:00.0"
     assert [lk["link"] for lk in dev1["nvlinks"] if not lk["active"]] == [5]
     assert dev0["fabric"] == {"state": "Completed", "status": "Success", "clique_id": 7}
-    assert dev0["persistence_mode"] is True
+    assert dev0["persistence_mode"] is True and dev0["vbios"] == "96.00.99.00.01"
     assert gpus["p2p"] == [{"a": 0, "b": 1, "nvlink": "OK", "read": "OK"}]
     assert dev0["nvlinks"][2]["errors"] == {"replay": 5, "recovery": 0, "crc_flit": 0, "crc_data": 0}
     assert dev1["health"] == {
