@@ -153,3 +153,21 @@ def test_openai_sdk_through_the_router_on_mooncake_pd(mooncake, case):
     api = Api(router=model.router.url, key=model.secrets.api_key, instances=[i.url for i in model.instances])
     CASES[case](api)
     assert_still_serving(api)
+
+
+def test_mooncake_parallel_sampling_shim_is_still_needed(mooncake):
+    """vLLM 0.32's decode scheduler pulls a transfer once per child of an n > 1 request, and its prefill side serves
+    a transfer once ("not enqueued in P side yet": the later pull waits 480 s). The shim let one child pull and the
+    others compute the prompt (it says so in the decode's journal: completion_n2 above asked for n = 2). This fails
+    once the installed vLLM changes either side: then check whether pdinfra.serving.mooncake_parallel can go."""
+    src = ("/opt/pdinfra/venv/lib/python3*/site-packages/vllm/distributed/kv_transfer/kv_connector/v1/mooncake/"
+           "mooncake_connector.py")  # fmt: skip
+    counts = []
+    for h in mooncake["hosts"]:
+        res = on(h, f"grep -cE 'Only trigger 1 KV transfer per request|This req is not enqueued in P side yet' {src} "
+                    "|| true; journalctl --no-pager -u 'pdinfra-vllm-decode*' "
+                    "| grep -c 'pdinfra.serving.mooncake_parallel' || true",
+                 log=f"m5-parallel-shim-{h.name}")  # fmt: skip
+        counts.append([int(x) for x in res.stdout.split()[:2]])
+    assert all(c[0] == 2 for c in counts), f"vLLM's Mooncake connector changed where n > 1 hung: {counts}"
+    assert sum(c[1] for c in counts) >= 1, f"the shim did not act on a decode instance (journal): {counts}"
