@@ -1042,6 +1042,13 @@ def ucx(host: Host) -> dict[str, Any]:
 XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.([0-7]))?\): (\d+),?\s*(.*)"
 )
+# 'nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt': one event is
+# several lines with the same SXid (its severity line, then 'Severity ...' and 'Data {...}'); the severity line is
+# the event.
+SXID_RE = re.compile(
+    r"nvidia-nvswitch(\d+): SXid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.([0-7]))?\): "
+    r"(\d+), (Fatal|Non-fatal),?\s*(.*)"
+)
 # A kernel message line as journalctl -o short-iso, dmesg or syslog print it.
 LOG_LINE_RE = re.compile(r"^(?:\d{4}-\d\d-\d\dT\S+\s|\[\s*\d+\.\d+\]|\w{3} [ \d]\d \d\d:\d\d:\d\d )")
 LOG_TIME_RE = re.compile(r"^(\d{4}-\d\d-\d\dT\S+)|^\[\s*(\d+\.\d+)\]|^(\w{3} [ \d]\d \d\d:\d\d:\d\d)")
@@ -1067,8 +1074,30 @@ def parse_xid_lines(text: str) -> list[dict[str, Any]]:
     return rows
 
 
+def parse_sxid_lines(text: str) -> list[dict[str, Any]]:
+    """Kernel log text -> one {switch, bdf, sxid, fatal, text, time} row per NVSwitch SXid event, in log order."""
+    rows = []
+    for line in text.splitlines():
+        m = SXID_RE.search(line)
+        if not m:
+            continue
+        t = LOG_TIME_RE.match(line.strip())
+        when = None if t is None else t.group(1) or (f"{t.group(2)} s after boot" if t.group(2) else t.group(3))
+        rows.append(
+            {
+                "switch": int(m.group(1)),
+                "bdf": normalise_bdf(f"{m.group(2)}.{m.group(3) or '0'}"),
+                "sxid": int(m.group(4)),
+                "fatal": m.group(5) == "Fatal",
+                "text": m.group(6).strip()[:300],
+                "time": when,
+            }
+        )
+    return rows
+
+
 def kernel_log(host: Host) -> dict[str, Any]:
-    """The NVIDIA Xid events of this boot, from ``journalctl -k -b`` (else ``dmesg``; replayed from
+    """The NVIDIA Xid and NVSwitch SXid events of this boot, from ``journalctl -k -b`` (else ``dmesg``; replayed from
     ``pdinfra-cmd/``). ``readable`` is False when neither printed a single kernel message line (not installed, not
     permitted, not recorded): no Xid then means "not known", never "none"."""
     tried = []
@@ -1084,14 +1113,17 @@ def kernel_log(host: Host) -> dict[str, Any]:
             tried.append(f"{argv[0]}: {first[:160]}")
             continue
         xids = parse_xid_lines(out)
+        sxids = parse_sxid_lines(out)
         return {
             "readable": True,
             "source": " ".join(argv),
             "lines": lines,
             "xids": xids[-MAX_XID_ROWS:],
             "xids_dropped": max(0, len(xids) - MAX_XID_ROWS),
+            "sxids": sxids[-MAX_XID_ROWS:],
+            "sxids_dropped": max(0, len(sxids) - MAX_XID_ROWS),
         }
-    return {"readable": False, "source": None, "reason": "; ".join(tried), "xids": []}
+    return {"readable": False, "source": None, "reason": "; ".join(tried), "xids": [], "sxids": []}
 
 
 # --------------------------------------------------------------------------- serving instances, expectations

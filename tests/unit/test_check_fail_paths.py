@@ -59,6 +59,11 @@ def _xid(xid: int, text: str, bdf: str = "0000:5d:00.0") -> Mutator:
     return lambda f: f["kernel_log"]["xids"].append({"bdf": bdf, "xid": xid, "text": text, "time": "2026-11-30T12:00"})
 
 
+def _sxid(sxid: int, fatal: bool, text: str, switch: int = 2, bdf: str = "0000:07:00.0") -> Mutator:
+    row = {"switch": switch, "bdf": bdf, "sxid": sxid, "fatal": fatal, "text": text, "time": "2026-11-30T12:00"}
+    return lambda f: f["kernel_log"]["sxids"].append(row)
+
+
 def _gpu_aer(i: int, **kw: Any) -> Mutator:
     return lambda f: f["gpus"]["devices"][i]["pcie"]["aer"].update(kw)
 
@@ -124,6 +129,8 @@ FAIL_CASES: list[tuple[str, str, Mutator, dict[str, Any]]] = [
      {}),
     ("Xid 154: reset required", "gpu.xid",
      _xid(154, "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"), {}),
+    ("Fatal NVSwitch SXid", "nvswitch.sxid",
+     _sxid(12028, True, "Link 47 egress non-posted PRIV error (First)"), {}),
     ("GPU non-fatal AER", "pcie.aer", _gpu_aer(3, nonfatal=1, detail={"nonfatal": {"CmpltTO": 1}}), {}),
     ("GPU fatal AER", "pcie.aer", _gpu_aer(3, fatal=1), {}),
     ("rail NIC non-fatal AER", "pcie.aer", lambda f: f["rdma"]["devices"][5]["aer"].update(nonfatal=2), {}),

@@ -420,6 +420,27 @@ def test_xid_kernel_log_lines_are_parsed() -> None:
     assert rows[2]["text"].endswith("to 0x1 (GPU Reset Required)")
 
 
+# One Non-fatal event as the NVSwitch driver prints it at load on an HGX baseboard (the severity line, then its
+# 'Data' and 'Severity' lines; format of NVIDIA/nvtrust issue #124's dmesg), and a Fatal one (the format gpud's
+# SXid scanner matches, leptonai/gpud #338).
+SXID_LOG = """\
+[   38.175561] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Data {0x0000002b, 0x0000002b, 0x00000000, 0x0000002b, 0x80005302, 0x00000000, 0x00000000, 0x00000000, 0x00000000}
+[   38.178720] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt
+[   38.180708] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine instance 00
+2026-12-03T11:02:03+0000 gpu-07 kernel: nvidia-nvswitch1: SXid (PCI:0000:84:00.0): 12028, Fatal, Link 47 egress non-posted PRIV error (First)
+"""  # noqa: E501
+
+
+def test_sxid_kernel_log_lines_are_parsed_one_row_per_event() -> None:
+    rows = F.parse_sxid_lines(SXID_LOG + XID_LOG)
+    assert [(r["switch"], r["bdf"], r["sxid"], r["fatal"]) for r in rows] == [
+        (3, "0000:04:00.0", 22013, False), (1, "0000:84:00.0", 12028, True), (0, "0000:05:00.0", 12028, False),
+    ]  # fmt: skip
+    assert rows[0]["text"] == "Link 44 Minion Link DLREQ interrupt" and rows[0]["time"] == "38.178720 s after boot"
+    assert rows[1]["text"] == "Link 47 egress non-posted PRIV error (First)"
+    assert F.parse_xid_lines(SXID_LOG) == []  # an SXid is not a GPU Xid
+
+
 def _cmd(root: Path, argv: list[str], text: str) -> None:
     (root / F.CMD_DIR).mkdir(parents=True, exist_ok=True)
     (root / F.CMD_DIR / F.command_file_name(argv)).write_text(text)
@@ -428,7 +449,7 @@ def _cmd(root: Path, argv: list[str], text: str) -> None:
 def test_kernel_log_from_journalctl_else_dmesg_else_unreadable(tmp_path: Path) -> None:
     journal, dmesg = list(F.KERNEL_LOG_COMMANDS[0]), list(F.KERNEL_LOG_COMMANDS[1])
     assert F.kernel_log(F.Host(str(tmp_path))) == {
-        "readable": False, "source": None, "xids": [],
+        "readable": False, "source": None, "xids": [], "sxids": [],
         "reason": "journalctl not recorded (pdinfra-cmd/journalctl_-k_-b_--no-pager_-o_short-iso.txt); dmesg not "
                   "recorded (pdinfra-cmd/dmesg.txt)",
     }  # fmt: skip
@@ -444,6 +465,7 @@ def test_kernel_log_from_journalctl_else_dmesg_else_unreadable(tmp_path: Path) -
     _cmd(tmp_path, journal, XID_LOG)
     log = F.kernel_log(F.Host(str(tmp_path)))
     assert log["source"] == "journalctl -k -b --no-pager -o short-iso" and len(log["xids"]) == 5
+    assert [(x["sxid"], x["fatal"]) for x in log["sxids"]] == [(12028, False)]
 
 
 def test_synthesised_hgx_health_facts(synthesised: dict) -> None:

@@ -15,7 +15,8 @@ from pdinfra.host.facts import gather
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
 GOOD = gather(str(HOSTS / "hgx-h100-8gpu-8roce"))
-HEALTH = ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "rdma.link_flaps")
+HEALTH = ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "nvswitch.sxid", "pcie.aer",
+          "rdma.link_flaps")
 
 
 def _run(mutate: Any = None, **expect: Any) -> dict[str, C.CheckResult]:
@@ -38,6 +39,7 @@ def test_the_good_host_passes_every_health_check_with_evidence() -> None:
     assert "gpu_idle" in out["gpu.clocks"].evidence
     assert "144 links: replay 2, recovery 0" in out["gpu.nvlink_errors"].evidence  # 2 replays: under the threshold
     assert "no Xid in this boot's kernel log (journalctl" in out["gpu.xid"].evidence
+    assert "no SXid in this boot's kernel log (4 NVSwitch(es); journalctl" in out["nvswitch.sxid"].evidence
     assert "16 device(s): 0 fatal, 0 non-fatal, 1 correctable" in out["pcie.aer"].evidence  # 8 GPUs + 8 rail NICs
     assert "8 port(s): link_downed 0, link_error_recovery 0" in out["rdma.link_flaps"].evidence
 
@@ -196,3 +198,34 @@ def test_thresholds_are_validated_expectations() -> None:
             C.Expect.from_dict(bad)
     with pytest.raises(ValueError, match="ecc must be true or false"):
         C.Expect.from_dict({"ecc": "on"})
+
+
+def _sxid(sxid: int, fatal: bool, text: str) -> Any:
+    row = {"switch": 2, "bdf": "0000:07:00.0", "sxid": sxid, "fatal": fatal, "text": text, "time": "12:00"}
+    return lambda f: f["kernel_log"]["sxids"].append(row)
+
+
+def test_non_fatal_sxids_warn_and_are_counted() -> None:
+    def two(f: dict) -> None:
+        for _ in range(2):
+            _sxid(22013, False, "Link 44 Minion Link DLREQ interrupt")(f)
+
+    r = _run(two)["nvswitch.sxid"]
+    assert r.verdict == C.WARN and "nvswitch2 0000:07:00.0: SXid 22013 x2" in r.evidence and r.remedy
+
+
+def test_fatal_sxid_wins_over_non_fatal() -> None:
+    def both(f: dict) -> None:
+        _sxid(22013, False, "Link 44 Minion Link DLREQ interrupt")(f)
+        _sxid(12028, True, "Link 47 egress non-posted PRIV error (First)")(f)
+
+    r = _run(both)["nvswitch.sxid"]
+    assert r.verdict == C.FAIL and "SXid 12028 x1" in r.evidence and "22013" not in r.evidence
+
+
+def test_sxid_is_na_without_nvswitch_and_unknown_without_a_log() -> None:
+    assert _run(lambda f: f["pci"].update(nvswitches=[]))["nvswitch.sxid"].verdict == C.NA
+    r = _run(lambda f: f.update(kernel_log={"readable": False, "reason": "dmesg: Operation not permitted"}))
+    assert r["nvswitch.sxid"].verdict == C.WARN and "cannot verify" in r["nvswitch.sxid"].evidence
+    r = _run(lambda f: f["kernel_log"].pop("sxids"))  # facts from before SXids were gathered: not "none"
+    assert r["nvswitch.sxid"].verdict == C.WARN

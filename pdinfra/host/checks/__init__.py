@@ -68,6 +68,7 @@ from pdinfra.host.checks.gpu_health import (
     gpu_nvlink_errors,
     gpu_row_remap,
     gpu_xid,
+    nvswitch_sxid,
 )
 from pdinfra.host.checks.pcie_errors import pcie_aer
 from pdinfra.host.checks.rdma import (
@@ -118,7 +119,7 @@ __all__ = [
     "kernel_version", "kernel_dmabuf_config", "iommu", "secure_boot",
     "open_module", "driver_version", "nouveau_absent", "persistence_mode", "cuda_version", "peermem",
     "gpu_count", "gpu_pci_count", "nvlink", "p2p", "pcie", "fabric", "fabric_manager", "dmabuf_usable",
-    "gpu_ecc", "gpu_row_remap", "gpu_clocks", "gpu_nvlink_errors", "gpu_xid",
+    "gpu_ecc", "gpu_row_remap", "gpu_clocks", "gpu_nvlink_errors", "gpu_xid", "nvswitch_sxid",
     "pcie_aer",
     "rdma_ports", "roce_v2_gid", "rdma_mtu", "rdma_speed", "rdma_pcie", "rdma_link_flaps", "rdma_qos",
     "gpudirect_rdma",

@@ -359,3 +359,59 @@ def gpu_xid(facts: Facts, expect: Expect) -> Outcome:
             "catalog.",
         )
     return ok(f"no Xid in this boot's kernel log ({source})")
+
+
+@check("nvswitch.sxid", "No fatal NVSwitch SXid in this boot's kernel log", "gpu", gpu_only=True)
+def nvswitch_sxid(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `kernel_log.sxids` (the `nvidia-nvswitchN: SXid (PCI:...): <sxid>, Fatal|Non-fatal, ...` lines of this
+    boot's `journalctl -k`, else `dmesg`) and `pci.nvswitches`
+
+    Rule: n/a without an NVSwitch on the PCI bus; fail on a Fatal SXid (NVLink traffic through that switch port
+    stalls, CUDA jobs abort with Xid 45); warn on Non-fatal ones (some appear at driver load), and if the log was
+    not readable
+
+    Remedy: per NVIDIA's SXid catalog (Fabric Manager user guide): stop the instances, reset the baseboard's GPUs
+    and NVSwitches (reboot the node), then `pdinfra validate` again; a Fatal SXid that returns on the same switch
+    and link needs the baseboard serviced
+    """
+    switches = (facts.get("pci") or {}).get("nvswitches")
+    if switches is not None and not switches:
+        return na("no NVSwitch on this host's PCI bus")
+    log = facts.get("kernel_log")
+    if not log or not log.get("readable") or "sxids" not in log:
+        reason = (log or {}).get("reason") or "kernel log (SXids) not in these facts"
+        return warn(
+            f"cannot verify: kernel log not read ({reason})",
+            "Gather facts as root on the host (`journalctl -k -b` or `dmesg` must be readable).",
+        )
+    fatal: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
+    other: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
+    for row in log.get("sxids") or []:
+        bucket = fatal if row.get("fatal") else other
+        key = (f"nvswitch{row.get('switch')} {row.get('bdf')}", int(row.get("sxid", -1)))
+        n, _ = bucket.get(key, (0, row))
+        bucket[key] = (n + 1, row)
+
+    def show(b: dict[tuple[str, int], tuple[int, dict[str, Any]]]) -> list[str]:
+        return [
+            f"{where}: SXid {sxid} x{n}, last {row.get('time') or '?'}: {str(row.get('text'))[:100]}"
+            for (where, sxid), (n, row) in b.items()
+        ]
+
+    source = f"{log.get('source')}, {log.get('lines')} lines"
+    if fatal:
+        return fail(
+            _join(show(fatal)) + f" [{source}]",
+            "A Fatal SXid stalls NVLink traffic through that switch: stop the node's instances, reboot it to reset "
+            "the GPUs and NVSwitches together (Fabric Manager restarts with them), and validate again; if the same "
+            "SXid returns on the same switch and link, have the baseboard serviced.",
+        )
+    if other:
+        return warn(
+            _join(show(other)) + f" [{source}]",
+            "Non-fatal SXids are corrected by the switch; a few at driver load are common. Look each up in "
+            "NVIDIA's SXid catalog (Fabric Manager user guide); if they keep coming under load, watch "
+            "gpu.nvlink_errors and run `dcgmi diag -r 2`.",
+        )
+    n = len(switches or [])
+    return ok(f"no SXid in this boot's kernel log ({n} NVSwitch(es); {source})")
