@@ -226,6 +226,20 @@ def render_fleet(view: fleet.FleetView, console: Console) -> None:
     )
 
 
+def _acceptance_max_bytes(text: str | None) -> int | None:
+    from pdinfra.transfer.fmt import parse_size
+
+    if text is None:
+        return None
+    try:
+        size = parse_size(text)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise typer.BadParameter(f"{text!r}: want a size such as 4GiB or 512MiB", param_hint="--acceptance-max-bytes")
+    return size
+
+
 def validate_cmd(
     facts_file: Annotated[
         list[Path] | None,
@@ -278,7 +292,7 @@ def validate_cmd(
         typer.Option(
             "--cluster",
             help="With --transfer: the cluster model the node was deployed from; its instances' model shape, block "
-            "size, KV dtype and TP shape the KV cases.",
+            "size, KV dtype and TP shape the KV cases. With --acceptance: the node's hardware profile.",
         ),
     ] = Path(NODE_FILE),
     transfer_report: Annotated[
@@ -297,6 +311,32 @@ def validate_cmd(
             help="With several --facts: flag a host more than this percentage below the fleet median of a figure.",
         ),
     ] = "10",
+    acceptance: Annotated[
+        bool,
+        typer.Option(
+            "--acceptance",
+            help="Also measure bandwidth acceptance on this host (layer \"acceptance\"): NCCL all-reduce and "
+            "all-gather bus bandwidth over all GPUs, host<->GPU and GPU->GPU copies, and the per-rail GPUDirect RDMA "
+            "commands, judged against the hardware profile's figures (docs/validation.md). Needs torch. Live hosts "
+            "only.",
+        ),
+    ] = False,
+    acceptance_max_bytes: Annotated[
+        str | None,
+        typer.Option(help="With --acceptance: the largest collective size, e.g. 4GiB (default 16GiB; free GPU "
+                     "memory bounds it too)."),  # fmt: skip
+    ] = None,
+    acceptance_rdma: Annotated[
+        bool,
+        typer.Option(
+            "--acceptance-rdma",
+            help="With --acceptance (implied): run the per-rail ib_write_bw tests with CUDA buffers, in loopback "
+            "through each NIC, or against --peer.",
+        ),
+    ] = False,
+    acceptance_output: Annotated[
+        Path | None, typer.Option(help="With --acceptance: write the full acceptance report (JSON) here.")
+    ] = None,
 ) -> None:
     """Validate hosts against the check catalog; exits 1 if any check fails, 2 on bad arguments.
 
@@ -317,8 +357,13 @@ def validate_cmd(
     if len(all_facts) > 1:
         results += checks.run_fleet_checks(all_facts)
         view = fleet.compare(fleet_samples(all_facts, _host_labels(all_facts, facts_file or []), reports), margin)
-    if peer and not transfer:
-        raise typer.BadParameter("--peer measures a transfer: use it with --transfer", param_hint="--peer")
+    acceptance = acceptance or acceptance_rdma
+    if peer and not (transfer or acceptance_rdma):
+        raise typer.BadParameter("--peer measures a transfer or a rail: use it with --transfer or --acceptance-rdma",
+                                 param_hint="--peer")  # fmt: skip
+    if acceptance and (facts_file or (root and root != "/")):
+        raise typer.BadParameter("--acceptance measures this machine: use it without --facts/--root")
+    max_bytes = _acceptance_max_bytes(acceptance_max_bytes)
     if transfer:
         if facts_file or (root and root != "/"):
             raise typer.BadParameter("--transfer measures this machine: use it without --facts/--root")
@@ -356,6 +401,18 @@ def validate_cmd(
         results += measured
         if transfer_output and report:
             transfer_output.write_text(json.dumps(report, indent=1) + "\n")
+    if acceptance:
+        from pdinfra.transfer import acceptance as accept
+
+        err = Console(stderr=True, soft_wrap=True)
+        cluster, node = _node_cluster(cluster_file)
+        hardware = next((h.hardware for h in cluster.hosts if h.name == node), None) if cluster else None
+        cfg = accept.AcceptanceConfig(max_bytes=max_bytes, rdma=acceptance_rdma, peer=peer if acceptance_rdma else None)
+        measured, report = accept.run(all_facts[0], cfg, hardware=hardware,
+                                      progress=lambda m: err.print(f"[cyan]»[/] {m}"))  # fmt: skip
+        results += measured
+        if acceptance_output:
+            acceptance_output.write_text(json.dumps(report, indent=1, default=str) + "\n")
     if json_out:
         typer.echo(json.dumps([r.to_dict() for r in results] + (view.to_dicts() if view else []), indent=1))
     else:

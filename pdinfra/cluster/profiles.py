@@ -5,12 +5,80 @@ rails that the expectations cannot hold yet (NIC speed). ``pdinfra_hardware`` na
 ``pdinfra_expect`` override single keys. Figures are the vendors' published ones: HGX H100/H200 baseboards carry
 8 GPUs with 18 NVLink 4.0 links each into 4 NVSwitches (a fabric that needs fabric manager) and, in the usual
 build, one 400G ConnectX-7 per GPU.
+
+A GPU profile may also carry bandwidth acceptance figures (:class:`Acceptance`, ``pdinfra validate --acceptance``):
+what a healthy server of that SKU measures, each figure with the file it comes from.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+# azurehpc-health-checks (github.com/Azure/azurehpc-health-checks), read at commit df20d06 (2025-08-20), the
+# latest to touch either file: the NHC configuration of Azure's 8-GPU ND v5 VMs, whose GPUs sit on an HGX
+# baseboard (NVSwitch) with one 400G NDR rail per GPU.
+#   check_gpu_bw H2D/D2H P2P  (customTests/azure_gpu_bandwidth.nhc: nvbandwidth host_to_device_memcpy_ce,
+#                              device_to_host_memcpy_ce, device_to_device_memcpy_read_ce; GB/s, per GPU / per pair)
+#   check_nccl_allreduce BW 1 16G   (customTests/azure_nccl_allreduce.nhc: all_reduce_perf -b 16G -e 16G on all
+#                              8 GPUs; the "Avg bus bandwidth" line, GB/s)
+#   check_ib_bw_gdr BW        (customTests/azure_ib_write_bw_gdr.nhc: ib_write_bw -s 8388608 --use_cuda=<gpu>
+#                              --report_gbits, each NIC in loopback with a GPU; "BW average", Gb/s)
+AZUREHPC = "Azure/azurehpc-health-checks@df20d06"
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Bandwidth figures a healthy server of one GPU SKU reaches (pass at or above, fail below).
+
+    The per-GPU figures (host<->GPU copies, GPU->GPU peer copies, a rail with CUDA buffers) hold on any number of
+    such GPUs; the collective figure only on ``collective_gpus`` of them (NCCL's bus bandwidth depends on the
+    algorithm the GPU count selects). ``None``: no sourced figure, the measurement is reported but not judged."""
+
+    sku: str
+    gpu_names: tuple[str, ...]  # NVML names (regular expressions, whole name) of the SKU's GPUs
+    h2d_gbps: float | None = None  # GB/s, pinned host memory -> GPU, per GPU
+    d2h_gbps: float | None = None  # GB/s, GPU -> pinned host memory, per GPU
+    p2p_gbps: float | None = None  # GB/s, GPU -> GPU peer copy, per ordered pair
+    all_reduce_busbw_gbps: float | None = None  # GB/s, nccl-tests' busbw
+    all_gather_busbw_gbps: float | None = None
+    collective_bytes: int = 16 * 1024**3  # the size the collective figures are for
+    collective_gpus: int = 8  # the GPU count the collective figures are for
+    rdma_gbits: float | None = None  # Gb/s, ib_write_bw with CUDA buffers, per rail of rdma_rail_gbits
+    rdma_rail_gbits: int = 400
+    sources: tuple[tuple[str, str], ...] = ()  # (figure, where it comes from)
+
+
+H100_SXM = Acceptance(
+    "H100 SXM (HGX H100)",
+    (r"NVIDIA H100 80GB HBM3",),
+    h2d_gbps=48.0, d2h_gbps=48.0, p2p_gbps=335.0, all_reduce_busbw_gbps=460.0, rdma_gbits=380.0,
+    sources=(
+        ("h2d_gbps, d2h_gbps, p2p_gbps", f"{AZUREHPC} conf/nd96isr_h100_v5.conf: check_gpu_bw 48 335"),
+        ("all_reduce_busbw_gbps", f"{AZUREHPC} conf/nd96isr_h100_v5.conf: check_nccl_allreduce 460.0 1 16G"),
+        ("rdma_gbits", f"{AZUREHPC} conf/nd96isr_h100_v5.conf: check_ib_bw_gdr 380"),
+    ),
+)  # fmt: skip
+H200_SXM = Acceptance(
+    "H200 SXM (HGX H200)",
+    (r"NVIDIA H200",),
+    h2d_gbps=48.0, d2h_gbps=48.0, p2p_gbps=335.0, all_reduce_busbw_gbps=431.0, rdma_gbits=360.0,
+    sources=(
+        ("h2d_gbps, d2h_gbps, p2p_gbps", f"{AZUREHPC} conf/nd96isr_h200_v5.conf: check_gpu_bw 48 335"),
+        ("all_reduce_busbw_gbps", f"{AZUREHPC} conf/nd96isr_h200_v5.conf: check_nccl_allreduce 431.0 1 16G"),
+        ("rdma_gbits", f"{AZUREHPC} conf/nd96isr_h200_v5.conf: check_ib_bw_gdr 360"),
+    ),
+)  # fmt: skip
+ACCEPTANCE = (H100_SXM, H200_SXM)
+
+
+def acceptance_for_gpus(names: list[str]) -> Acceptance | None:
+    """The SKU whose NVML names match every GPU of a host ("NVIDIA H200", not the PCIe "NVIDIA H200 NVL")."""
+    for acc in ACCEPTANCE:
+        if names and all(any(re.fullmatch(p, n.strip()) for p in acc.gpu_names) for n in names):
+            return acc
+    return None
 
 
 @dataclass(frozen=True)
@@ -21,6 +89,7 @@ class HardwareProfile:
     gpu: bool = True
     rail_speed_mbps: int | None = None
     rail_count: int | None = None
+    acceptance: Acceptance | None = None
 
 
 PROFILES: dict[str, HardwareProfile] = {
@@ -35,6 +104,7 @@ PROFILES: dict[str, HardwareProfile] = {
              "ecc": True},
             rail_speed_mbps=400_000,
             rail_count=8,
+            acceptance=H100_SXM,
         ),
         HardwareProfile(
             "hgx-h200-8gpu",
@@ -43,6 +113,7 @@ PROFILES: dict[str, HardwareProfile] = {
              "ecc": True},
             rail_speed_mbps=400_000,
             rail_count=8,
+            acceptance=H200_SXM,
         ),
         HardwareProfile(
             "hgx-h200-2gpu",
@@ -50,6 +121,7 @@ PROFILES: dict[str, HardwareProfile] = {
             "no RDMA rails.",
             {"role": "gpu", "gpu_count": 2, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
              "ecc": True},
+            acceptance=H200_SXM,
         ),
     )
 }

@@ -1,0 +1,784 @@
+"""Bandwidth acceptance (``pdinfra validate --acceptance``): what this host's GPUs and rails measure, against the
+figures of its SKU (``pdinfra.cluster.profiles.Acceptance``, each with its source).
+
+What runs, live, on this host:
+
+- NCCL all-reduce and all-gather over all its GPUs (torch.distributed with NCCL from the serving venv, one process
+  per GPU: pdinfra.transfer.accept_worker), sizes 64 MiB to 16 GiB as far as free GPU memory and
+  ``--acceptance-max-bytes`` allow; algbw and busbw computed as nccl-tests does (:func:`busbw_gbps`).
+- host->GPU and GPU->host copies per GPU from pinned memory on the GPU's NUMA node, GPU->GPU peer copies for every
+  ordered pair.
+- per-rail GPUDirect RDMA with perftest's ``ib_write_bw`` (CUDA buffers; each NIC with its GPU, by the affinity
+  the ucx role wrote or by PCIe distance), in loopback on this host or against ``--peer``: the commands are listed,
+  and run with ``--acceptance-rdma``.
+
+Verdicts: pass at or above the SKU's figure, fail below it; warn where the SKU has no figure for a measurement
+(it is reported, not judged), n/a where the measurement does not apply (one GPU: no pair, and a collective on one
+rank crosses no link), never pass on something unknown.
+
+The measurement (``measure``) and the perftest runner (``rdma_exec``) are parameters of :func:`run`, so that the
+tests drive everything else without a GPU. Nothing here imports torch. ``python -m pdinfra.transfer.acceptance``
+runs it without typer/rich (the standard library, torch and nvidia-ml-py are enough) and prints JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pdinfra.cluster.profiles import PROFILES, Acceptance, acceptance_for_gpus
+from pdinfra.host.checks import CheckResult
+from pdinfra.transfer.fmt import GIB, MIB, fmt_bytes
+
+PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
+LAYER = "acceptance"
+OPS = ("all_reduce", "all_gather")
+OP_NAME = {"all_reduce": "all-reduce", "all_gather": "all-gather"}
+COLLECTIVE_SIZES = (64 * MIB, 256 * MIB, 1 * GIB, 4 * GIB, 16 * GIB)
+
+# nccl-tests' bus bandwidth (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md "Bus Bandwidth"; src/all_reduce.cu and
+# src/all_gather.cu, AllReduceGetBw / AllGatherGetBw): algbw = S / t in GB/s (1e9 bytes), t the time of one
+# operation averaged over the ranks; busbw = algbw * 2(n-1)/n for all-reduce and algbw * (n-1)/n for all-gather,
+# where S is the whole output: n times what each rank sends (sendcount * sizeof(datatype) * n). On one rank both
+# factors are 0: the operation crosses no link, and busbw says so.
+BUSBW_FACTOR: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+}
+
+
+def algbw_gbps(size_bytes: int, seconds: float) -> float:
+    return size_bytes / 1e9 / seconds
+
+
+def busbw_gbps(op: str, algbw: float, ranks: int) -> float:
+    return algbw * BUSBW_FACTOR[op](ranks)
+
+
+@dataclass
+class AcceptanceConfig:
+    """What :func:`run` measures; the CLI fills it from its options."""
+
+    sizes: tuple[int, ...] = COLLECTIVE_SIZES
+    max_bytes: int | None = None  # cap on a collective's size (--acceptance-max-bytes); free GPU memory caps too
+    warmup: int = 5  # nccl-tests' defaults: 5 warm-up, 20 timed iterations
+    iters: int = 20
+    op_cap_s: float = 4.0  # fewer timed iterations (at least 3) where one operation is slow
+    copy_bytes: int = 512 * MIB
+    copy_warmup: int = 2
+    copy_iters: int = 10
+    timeout_s: float = 300.0  # for the collectives, then again for the copies (a hung rank is a fail)
+    rdma: bool = False  # run the ib_write_bw commands (--acceptance-rdma), not only list them
+    peer: str | None = None  # with rdma: the server side on this SSH destination instead of loopback
+    rdma_bytes: int = 8 * MIB  # azurehpc-health-checks' ib_write_bw message size
+    rdma_tcp_port: int = 18510  # ib_write_bw's out-of-band port of the first rail (+1 per rail)
+    rdma_timeout_s: float = 120.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Which figures: the SKU of this host
+# --------------------------------------------------------------------------------------------------
+
+
+def gpu_names(facts: dict[str, Any]) -> list[str]:
+    return [str(d.get("name") or "") for d in (facts.get("gpus") or {}).get("devices") or []]
+
+
+def thresholds_for(facts: dict[str, Any], hardware: str | None = None) -> tuple[Acceptance | None, str]:
+    """(the figures, where they come from): the declared hardware profile's, else the SKU the GPUs' names match."""
+    names = gpu_names(facts)
+    shown = f"{len(names)} x {names[0]!r}" if names and len(set(names)) == 1 else f"GPUs {names}"
+    prof = PROFILES.get(hardware or "")
+    if prof is not None and prof.acceptance is not None:
+        acc = prof.acceptance
+        if names and acceptance_for_gpus(names) is not acc:
+            return acc, f"{hardware} (declared; but the host has {shown})"
+        return acc, f"{hardware}"
+    acc = acceptance_for_gpus(names)
+    why = f"; profile {hardware} has none" if hardware else ""
+    if acc is not None:
+        return acc, f"{acc.sku}, by the GPUs' name{why}"
+    return None, f"no acceptance figures for {shown}{why}"
+
+
+# --------------------------------------------------------------------------------------------------
+# perftest: the rails, the commands, the report
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RailPlan:
+    """One rail's ib_write_bw test: a NIC port with the GPU it serves."""
+
+    rdma_dev: str
+    port: int
+    gpu: int
+    netdev: str = ""
+    link_layer: str = ""
+    rate_gbits: float | None = None
+    gid_index: int | None = None
+    numa: int | None = None
+    how: str = ""  # how the GPU was paired with the NIC
+    dmabuf: bool = False  # --use_cuda_dmabuf (no nvidia_peermem: the open driver's dma-buf path)
+
+
+def _rate_gbits(rate: str | None) -> float | None:
+    m = re.match(r"\s*([\d.]+)\s*Gb", rate or "")
+    return float(m.group(1)) if m else None
+
+
+def _declared_netdevs(facts: dict[str, Any]) -> set[str]:
+    rdma = (facts.get("expect") or {}).get("rdma") or []
+    return {str(r if isinstance(r, str) else r.get("netdev")) for r in rdma if r}
+
+
+def _dev_netdevs(dev: dict[str, Any]) -> list[str]:
+    names = list(dev.get("netdevs") or [])
+    for p in dev.get("ports") or []:
+        names += [g["ndev"] for g in p.get("gids") or [] if g.get("ndev") and g["ndev"] not in names]
+    return names
+
+
+def _gid_index(port: dict[str, Any], wanted: str | None) -> int | None:
+    """The RoCE v2 IPv4 GID (the ucx role's UCX_IB_GID_INDEX where it names one); None on InfiniBand."""
+    if (port.get("link_layer") or "").lower() != "ethernet":
+        return None
+    gids = port.get("gids") or []
+    if wanted and wanted.isdigit() and any(g.get("index") == int(wanted) for g in gids):
+        return int(wanted)
+    for pick in (lambda g: g.get("type") == "RoCE v2" and g.get("ipv4"), lambda g: g.get("type") == "RoCE v2"):
+        found = next((g for g in gids if pick(g)), None)
+        if found is not None:
+            return found.get("index")
+    return None
+
+
+def sysfs_pcie_path(bdf: str) -> list[str]:
+    """The PCIe hierarchy of a device on this machine: its resolved sysfs path's PCI components."""
+    import os
+
+    try:
+        real = os.path.realpath(f"/sys/bus/pci/devices/{bdf}")
+    except OSError:
+        return []
+    pci = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}|[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d")
+    return [p for p in real.split("/") if pci.fullmatch(p)]
+
+
+def _distance(gpath: list[str], npath: list[str], gnuma: Any, nnuma: Any) -> tuple[int, str]:
+    """nvidia-smi topo's classes, closest first: PXB (a PCIe switch in common), PHB, NODE (same NUMA node), SYS."""
+    if gpath and npath:
+        common = 0
+        for a, b in zip(gpath[:-1], npath[:-1], strict=False):
+            if a != b:
+                break
+            common += 1
+        if common >= 2:
+            return 0, "PXB"
+        if common == 1:
+            return 1, "PHB"
+    if gnuma is not None and gnuma >= 0 and gnuma == nnuma:
+        return 2, "NODE"
+    return 3, "SYS"
+
+
+def plan_rails(facts: dict[str, Any],
+               pcie_path: Callable[[str], list[str]] | None = None) -> tuple[list[RailPlan], str]:  # fmt: skip
+    """Each rail NIC (the declared rails, else every RDMA device with an ACTIVE port) with its GPU; the reason when
+    there is none. The GPU: the one whose ``/etc/pdinfra/ucx-gpu<N>.env`` names the NIC (the ucx role's PCIe
+    affinity), else the closest by PCIe path and NUMA node, GPUs spread evenly over equally close NICs."""
+    devices = [d for d in (facts.get("rdma") or {}).get("devices") or [] if d.get("name")]
+    if not devices:
+        return [], "no RDMA device (/sys/class/infiniband is empty)"
+    gpus = list((facts.get("gpus") or {}).get("devices") or [])
+    if not gpus:
+        return [], "no GPU: GPUDirect RDMA needs one"
+    declared = _declared_netdevs(facts)
+    if declared:
+        devices = [d for d in devices if declared & set(_dev_netdevs(d))]
+        if not devices:
+            return [], f"no RDMA device carries the declared rails ({', '.join(sorted(declared))})"
+    ports: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for d in devices:
+        active = [p for p in d.get("ports") or [] if p.get("state") == "ACTIVE"]
+        if active:
+            ports.append((d, active[0]))
+    if not ports:
+        return [], "no RDMA port is ACTIVE"
+    env_files = (facts.get("ucx") or {}).get("env_files") or {}
+    by_env: dict[str, tuple[int, str | None, str]] = {}
+    for name, env in sorted(env_files.items()):
+        m = re.fullmatch(r"ucx-gpu(\d+)\.env", name)
+        nets = [x for x in (env.get("UCX_NET_DEVICES") or "").split(",") if ":" in x]
+        if m and nets:
+            by_env.setdefault(nets[0].partition(":")[0], (int(m.group(1)), env.get("UCX_IB_GID_INDEX"), name))
+    modules = (facts.get("modules") or {}).get("loaded") or {}
+    peermem = bool(modules.get("nvidia_peermem") or modules.get("nv_peer_mem"))
+    gnuma = {int(g.get("index", 0)): ((g.get("pcie") or {}).get("sysfs") or {}).get("numa_node") for g in gpus}
+    load = {d["name"]: 0 for d, _ in ports}
+    gpu_nic: dict[int, tuple[str, str]] = {}
+    for g in sorted(gpus, key=lambda g: int(g.get("index", 0))):
+        gpath = pcie_path(g["bus_id"]) if pcie_path and g.get("bus_id") else []
+        ranked = []
+        for order, (d, _) in enumerate(ports):
+            npath = pcie_path(d["pci"]) if pcie_path and d.get("pci") else []
+            score, label = _distance(gpath, npath, gnuma[int(g.get("index", 0))], d.get("numa_node"))
+            ranked.append((score, load[d["name"]], order, label, d["name"]))
+        score, _, _, label, nic = min(ranked)
+        load[nic] += 1
+        gpu_nic[int(g.get("index", 0))] = (nic, label)
+    rails: list[RailPlan] = []
+    for d, p in ports:
+        name = d["name"]
+        if name in by_env:
+            gpu, gid_wanted, how = by_env[name][0], by_env[name][1], by_env[name][2]
+        else:
+            mine = [(g, lab) for g, (n, lab) in sorted(gpu_nic.items()) if n == name]
+            if mine:
+                gpu, how = mine[0][0], f"closest GPU ({mine[0][1]})"
+            else:  # more NICs than GPUs: the closest GPU serves this one too
+                gpu = min(gnuma, key=lambda i: (_distance([], [], gnuma[i], d.get("numa_node"))[0], i))
+                how = f"closest GPU ({_distance([], [], gnuma[gpu], d.get('numa_node'))[1]}, shared)"
+            gid_wanted = None
+        dev_cuda = next((g.get("cuda") or {} for g in gpus if int(g.get("index", 0)) == gpu), {})
+        rails.append(RailPlan(
+            rdma_dev=name, port=int(p.get("port") or 1), gpu=gpu, netdev=(_dev_netdevs(d) or [""])[0],
+            link_layer=str(p.get("link_layer") or ""), rate_gbits=_rate_gbits(p.get("rate")),
+            gid_index=_gid_index(p, gid_wanted), numa=d.get("numa_node"), how=how,
+            dmabuf=not peermem and bool(dev_cuda.get("dma_buf_supported")),
+        ))  # fmt: skip
+    return rails, ""
+
+
+def ib_write_bw_argv(rail: RailPlan, tcp_port: int, cfg: AcceptanceConfig, server: str | None = None,
+                     numactl: bool = False) -> list[str]:  # fmt: skip
+    """azurehpc-health-checks' check_ib_bw_gdr command (customTests/azure_ib_write_bw_gdr.nhc) for one rail: 8 MiB
+    RDMA writes between CUDA buffers on the rail's GPU, ``--report_gbits``; ``server`` makes it the client."""
+    argv = ["ib_write_bw", "-d", rail.rdma_dev, "-i", str(rail.port), f"--use_cuda={rail.gpu}"]
+    if rail.dmabuf:
+        argv.append("--use_cuda_dmabuf")  # after --use_cuda: perftest refuses the other order
+    if rail.gid_index is not None:
+        argv += ["-x", str(rail.gid_index)]
+    argv += ["-s", str(cfg.rdma_bytes), "-F", "--report_gbits", "--perform_warm_up", "-p", str(tcp_port)]
+    if server:
+        argv.append(server)
+    if numactl and rail.numa is not None and rail.numa >= 0:
+        argv = ["numactl", f"--cpunodebind={rail.numa}", f"--membind={rail.numa}", *argv]
+    return argv
+
+
+CUDA_ORDER = "CUDA_DEVICE_ORDER=PCI_BUS_ID"  # --use_cuda=<i> is then NVML's (the facts') GPU i
+
+
+def rail_commands(rail: RailPlan, i: int, cfg: AcceptanceConfig, numactl: bool = False) -> tuple[list[str], list[str]]:
+    """(server argv, client argv) of rail ``i``: both here (loopback through the NIC), or the server on the peer
+    over SSH (the same NIC name and GPU index there: hosts of one build) and the client here."""
+    tcp = cfg.rdma_tcp_port + i
+    if cfg.peer:
+        remote = ib_write_bw_argv(rail, tcp, cfg)
+        server = ["ssh", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", cfg.peer,
+                  "env", CUDA_ORDER, "timeout", str(int(cfg.rdma_timeout_s)), *remote]  # fmt: skip
+        return server, ib_write_bw_argv(rail, tcp, cfg, cfg.peer.rsplit("@", 1)[-1], numactl)
+    return ib_write_bw_argv(rail, tcp, cfg, None, numactl), ib_write_bw_argv(rail, tcp, cfg, "127.0.0.1", numactl)
+
+
+def shown(argv: list[str]) -> str:
+    """A command as a person would type it (with the device-order variable of the local side)."""
+    text = shlex.join(argv)
+    return text if argv[:1] == ["ssh"] else f"{CUDA_ORDER} {text}"
+
+
+_ROW = re.compile(r"\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*")
+
+
+def parse_ib_write_bw(text: str) -> dict[str, Any] | None:
+    """The result of an ``ib_write_bw`` run (its client's or server's output): the last row of the table under
+    ``#bytes #iterations BW peak[..] BW average[..] MsgRate[Mpps]``, with the average in Gb/s. perftest prints Gb/s
+    with --report_gbits (125000000 bytes per Gb/s), else MiB/s ("MB/sec" before 2024; both are 0x100000 bytes)."""
+    unit = None
+    last = None
+    info: dict[str, Any] = {}
+    for line in text.splitlines():
+        m = re.search(r"BW average\[([^\]]+)\]", line)
+        if m:
+            unit = m.group(1)
+            continue
+        for key, pat in (("device", r"Device\s*:\s*(\S+)"), ("link_type", r"Link type\s*:\s*(\S+)"),
+                         ("mtu", r"Mtu\s*:\s*(\d+)"), ("gid_index", r"GID index\s*:\s*(\d+)")):  # fmt: skip
+            mm = re.search(pat, line)
+            if mm and key not in info:
+                info[key] = int(mm.group(1)) if key in ("mtu", "gid_index") else mm.group(1)
+        if unit:
+            r = _ROW.fullmatch(line)
+            if r:
+                last = r
+    if unit is None or last is None:
+        return None
+    avg = float(last.group(4))
+    gbits = avg if unit.startswith("Gb") else avg * 0x100000 * 8 / 1e9
+    return {
+        "bytes": int(last.group(1)), "iterations": int(last.group(2)), "bw_peak": float(last.group(3)),
+        "bw_average": avg, "unit": unit, "gbits": round(gbits, 2), "msg_rate_mpps": float(last.group(5)),
+        "cuda": "cuMemAlloc" in text or "CUDA" in text, **info,
+    }  # fmt: skip
+
+
+def run_ib_pair(server: list[str], client: list[str], timeout_s: float) -> dict[str, Any]:
+    """Start the server, then the client (retried while the server is not listening yet); both outputs and codes."""
+    import os
+
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    srv = subprocess.Popen(server, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    out: dict[str, Any] = {"client_rc": None, "client": "", "server_rc": None, "server": ""}
+    try:
+        for attempt in range(4):
+            time.sleep(2.0 if attempt == 0 else 3.0)
+            try:
+                res = subprocess.run(client, capture_output=True, text=True, timeout=timeout_s, env=env)
+            except subprocess.TimeoutExpired as exc:
+                out["client"] = f"{exc.stdout or ''}{exc.stderr or ''}\n(client timed out after {timeout_s:.0f} s)"
+                break
+            out["client_rc"], out["client"] = res.returncode, res.stdout + res.stderr
+            if res.returncode == 0 or "Couldn't connect" not in out["client"] or srv.poll() is not None:
+                break
+        srv_out, _ = srv.communicate(timeout=30)
+        out["server"], out["server_rc"] = srv_out, srv.returncode
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        srv_out, _ = srv.communicate()
+        out["server"], out["server_rc"] = (srv_out or "") + "\n(server killed: no exit 30 s after the client)", None
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait(5)
+    return out
+
+
+def perftest_status(which: Callable[[str], str | None], probe: Callable[[list[str]], str]) -> tuple[bool, str, bool]:
+    """(ib_write_bw present, its path or why not, built with CUDA: --use_cuda in its --help)."""
+    path = which("ib_write_bw")
+    if not path:
+        return False, "perftest not installed (no ib_write_bw on PATH)", False
+    text = probe([path, "--help"])
+    return True, path, "use_cuda" in text
+
+
+def _probe(argv: list[str]) -> str:
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return res.stdout + res.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# Verdicts: the report -> CheckResults
+# --------------------------------------------------------------------------------------------------
+
+REMEDY_NCCL = (
+    "Check `nvidia-smi topo -m` (NV18 between every pair), the fabric manager (`systemctl status "
+    "nvidia-fabricmanager`, gpu.fabric), NVLink errors (gpu.nvlink_errors) and clocks (gpu.clocks); other load on "
+    "the GPUs (`nvidia-smi`); re-run with NCCL_DEBUG=INFO to see the algorithm NCCL picked (NVLS on NVSwitch)."
+)
+REMEDY_PCIE = (
+    "Check the GPU's PCIe link (gpu.pcie: Gen5 x16 under load), the IOMMU mode (iommu=pt, os.iommu), other traffic "
+    "on the GPU's PCIe switch, and that the host memory is on the GPU's NUMA node."
+)
+REMEDY_P2P = (
+    "Check `nvidia-smi topo -p2p r` (OK between every pair), NVLink state and errors (gpu.nvlink, gpu.nvlink_errors), "
+    "the fabric manager (gpu.fabric) and ACS on the PCIe switches (peer traffic must not detour through the root "
+    "complex)."
+)
+REMEDY_RDMA = (
+    "Check the rail's link (rdma.ports, rdma.speed), its PCIe link (rdma.pcie), the GPU-NIC path (`nvidia-smi topo "
+    "-m`: PIX/PXB, not SYS; ACS off on the switch between them), dma-buf or nvidia_peermem (gpu.dmabuf), the MTU "
+    "(rdma.mtu) and the QoS (rdma.qos)."
+)
+NO_FIGURE = "declare the hardware profile (pdinfra_hardware, e.g. hgx-h200-8gpu) if the host is one of pdinfra's"
+
+
+def _check(cid: str, title: str, verdict: str, evidence: str, remedy: str, host: str) -> CheckResult:
+    return CheckResult(cid, title, verdict, evidence, remedy if verdict in (FAIL, WARN) else "", LAYER, host)
+
+
+def _figure(acc: Acceptance | None, name: str) -> float | None:
+    return getattr(acc, name) if acc is not None else None
+
+
+def collective_rows(entry: dict[str, Any], op: str, ranks: int) -> list[dict[str, Any]]:
+    """Each measured size: bytes, iterations, seconds (the ranks' mean, as nccl-tests), algbw, busbw."""
+    out = []
+    for row in entry.get("rows") or []:
+        secs = statistics.fmean(row["rank_seconds"]) if row.get("rank_seconds") else row.get("seconds")
+        if not secs:
+            continue
+        alg = algbw_gbps(row["bytes"], secs)
+        out.append({"bytes": row["bytes"], "iters": row.get("iters"), "seconds": secs, "algbw": alg,
+                    "busbw": busbw_gbps(op, alg, ranks)})  # fmt: skip
+    return sorted(out, key=lambda r: r["bytes"])
+
+
+def _collective_check(op: str, entry: dict[str, Any], n: int, meas: dict[str, Any], acc: Acceptance | None,
+                      source: str, host: str) -> CheckResult:  # fmt: skip
+    cid, title = f"accept.nccl.{op}", f"NCCL {OP_NAME[op]} bus bandwidth over the host's GPUs (nccl-tests' busbw)"
+
+    def res(verdict: str, evidence: str, remedy: str = "") -> CheckResult:
+        return _check(cid, title, verdict, evidence, remedy, host)
+
+    if entry.get("error"):
+        return res(FAIL, f"NCCL {OP_NAME[op]} did not run: {entry['error']}", REMEDY_NCCL)
+    rows = collective_rows(entry, op, n)
+    skipped = "; ".join(f"{fmt_bytes(s['bytes'])}: {s['why']}" for s in entry.get("skipped") or [])
+    if not rows:
+        return res(WARN, f"no size measured ({skipped or 'nothing planned'})",
+                   "free GPU memory (stop the serving instances: pdinfra down) or lower --acceptance-max-bytes")
+    if entry.get("validated") is False:
+        return res(FAIL, f"NCCL {OP_NAME[op]} returned wrong values on {n} GPUs (checked at "
+                   f"{fmt_bytes(rows[0]['bytes'])})", "check GPU ECC and Xid errors (gpu.ecc, gpu.xid), then NVLink")
+    top = rows[-1]
+    nccl = f"NCCL {meas.get('nccl') or '?'} (torch {meas.get('torch') or '?'})"
+    if n == 1:
+        return res(NA, (
+            f"{nccl} initialised and ran {OP_NAME[op]} on 1 rank (GPU 0, {fmt_bytes(top['bytes'])}, {top['iters']} "
+            f"timed iterations, {top['algbw']:.0f} GB/s algbw with nothing leaving the GPU, results checked): "
+            "torch, NCCL, the driver and the GPU work together; busbw is 0 by nccl-tests' formula (factor "
+            f"{'2(n-1)/n' if op == 'all_reduce' else '(n-1)/n'} = 0 for n = 1): no link was crossed, so this says "
+            "nothing about NVLink or the NVSwitch fabric"))  # fmt: skip
+    ladder = ", ".join(f"{fmt_bytes(r['bytes'])} {r['busbw']:.0f}" for r in rows)
+    evidence = (f"busbw GB/s by size on {n} GPUs: {ladder}; at {fmt_bytes(top['bytes'])} {top['algbw']:.1f} GB/s "
+                f"algbw, {top['busbw']:.1f} GB/s busbw ({top['iters']} iterations; {nccl})")  # fmt: skip
+    if skipped:
+        evidence += f"; not run: {skipped}"
+    fig = _figure(acc, f"{op}_busbw_gbps")
+    if acc is None:
+        return res(WARN, f"{evidence}; not judged: {source}", NO_FIGURE)
+    if fig is None:
+        return res(WARN, f"{evidence}; not judged: {acc.sku} has no sourced {OP_NAME[op]} figure", "")
+    if n != acc.collective_gpus:
+        return res(WARN, f"{evidence}; not judged: the {fig:.0f} GB/s figure of {source} is for "
+                   f"{acc.collective_gpus} GPUs, this host has {n}", "")  # fmt: skip
+    at = next((r for r in rows if r["bytes"] == acc.collective_bytes), None)
+    if at is None:
+        return res(WARN, f"{evidence}; not judged: the {fig:.0f} GB/s figure is for {fmt_bytes(acc.collective_bytes)}"
+                   ", which did not run", "free GPU memory or raise --acceptance-max-bytes to 16GiB")  # fmt: skip
+    verdict = PASS if at["busbw"] >= fig else FAIL
+    rel = ">=" if verdict == PASS else "<"
+    return res(verdict, f"{evidence}; {at['busbw']:.1f} {rel} {fig:.0f} GB/s at {fmt_bytes(at['bytes'])} ({source})",
+               REMEDY_NCCL)
+
+
+def _copy_checks(meas: dict[str, Any], n: int, acc: Acceptance | None, source: str, host: str) -> list[CheckResult]:
+    copies = meas.get("copies") or {}
+    out: list[CheckResult] = []
+    title_h = "Host<->GPU copy bandwidth (pinned host memory, copy engine)"
+    title_p = "GPU->GPU peer copy bandwidth"
+    if copies.get("error"):
+        return [_check("accept.copies", "Host<->GPU and GPU->GPU copies", FAIL, f"copies did not run: "
+                       f"{copies['error']}", REMEDY_PCIE, host)]  # fmt: skip
+    size = fmt_bytes(int(copies.get("bytes") or 0))
+    for g in range(n):
+        h2d, d2h = (copies.get("h2d") or {}).get(str(g)), (copies.get("d2h") or {}).get(str(g))
+        cid = f"accept.pcie_copy gpu{g}"
+        if h2d is None or d2h is None:
+            out.append(_check(cid, title_h, FAIL, "not measured (no figure came back for this GPU)", REMEDY_PCIE, host))
+            continue
+        cpus = (copies.get("cpus") or {}).get(str(g))
+        evidence = f"H2D {h2d:.1f} GB/s, D2H {d2h:.1f} GB/s ({size} pinned" + (f", on CPUs {cpus})" if cpus else ")")
+        fh, fd = _figure(acc, "h2d_gbps"), _figure(acc, "d2h_gbps")
+        if fh is None or fd is None:
+            why = source if acc is None else f"{acc.sku} has no host<->GPU figure"
+            out.append(_check(cid, title_h, WARN, f"{evidence}; not judged: {why}", NO_FIGURE if acc is None else "",
+                              host))  # fmt: skip
+            continue
+        low = [f"{k} {v:.1f} < {f:.0f}" for k, v, f in (("H2D", h2d, fh), ("D2H", d2h, fd)) if v < f]
+        verdict = FAIL if low else PASS
+        tail = ("; " + ", ".join(low) + " GB/s") if low else f"; both >= {min(fh, fd):.0f} GB/s"
+        out.append(_check(cid, title_h, verdict, f"{evidence}{tail} ({source})", REMEDY_PCIE, host))
+    if n < 2:
+        out.append(_check("accept.p2p", title_p, NA, "one GPU: no pair to copy between (NVLink is not exercised)", "",
+                          host))  # fmt: skip
+        return out
+    p2p = copies.get("p2p") or {}
+    access = copies.get("peer_access") or {}
+    fig = _figure(acc, "p2p_gbps")
+    for src in range(n):
+        figs = {dst: p2p.get(f"{src}->{dst}") for dst in range(n) if dst != src}
+        cid = f"accept.p2p gpu{src}"
+        missing = [d for d, v in figs.items() if v is None]
+        if missing:
+            out.append(_check(cid, title_p, FAIL, f"not measured to GPU {', '.join(map(str, missing))}", REMEDY_P2P,
+                              host))  # fmt: skip
+            continue
+        worst = min(figs, key=lambda d: figs[d])
+        listing = ", ".join(f"->{d} {v:.0f}" for d, v in figs.items())
+        no_peer = [str(d) for d in figs if access.get(f"{src}->{d}") is False]
+        evidence = (f"{listing} GB/s ({size} copy_, the source's copy engine); min {figs[worst]:.1f} (->{worst})"
+                    + (f"; no peer access to GPU {', '.join(no_peer)} (staged through the host)" if no_peer else ""))
+        if fig is None:
+            why = source if acc is None else f"{acc.sku} has no peer-copy figure"
+            out.append(_check(cid, title_p, WARN, f"{evidence}; not judged: {why}", NO_FIGURE if acc is None else "",
+                              host))  # fmt: skip
+            continue
+        low = [f"->{d} {v:.0f}" for d, v in figs.items() if v < fig]
+        verdict = FAIL if low else PASS
+        tail = f"; below {fig:.0f} GB/s: {', '.join(low)}" if low else f"; all >= {fig:.0f} GB/s"
+        out.append(_check(cid, title_p, verdict, f"{evidence}{tail} ({source})", REMEDY_P2P, host))
+    return out
+
+
+def _rdma_checks(rdma: dict[str, Any], acc: Acceptance | None, source: str, host: str) -> list[CheckResult]:
+    title = "GPUDirect RDMA write bandwidth per rail (ib_write_bw, CUDA buffers)"
+    rails = rdma.get("rails") or []
+    if not rails:
+        return [_check("accept.rdma", title, NA, rdma.get("reason") or "no rail", "", host)]
+    out = []
+    fig = _figure(acc, "rdma_gbits")
+    for r in rails:
+        plan = RailPlan(**r["rail"])
+        cid = f"accept.rdma {plan.rdma_dev}"
+        where = f"{plan.rdma_dev}:{plan.port} with GPU {plan.gpu} ({plan.how})"
+        cmd = f"server: {shown(r['server'])}; client: {shown(r['client'])}"
+        if rdma.get("reason"):  # planned only: not asked, or perftest cannot run
+            verdict = WARN if rdma.get("verdict") == WARN else NA
+            out.append(_check(cid, title, verdict, f"{where}: {rdma['reason']}; {cmd}", rdma.get("remedy", ""), host))
+            continue
+        result = r.get("result")
+        if not result:
+            tail = (r.get("output") or "").strip().splitlines()[-3:]
+            out.append(_check(cid, title, FAIL, f"{where}: no ib_write_bw report ({r.get('error') or 'rc '}"
+                              f"{r.get('rc')}): {' | '.join(tail)}; {cmd}", REMEDY_RDMA, host))  # fmt: skip
+            continue
+        got = result["gbits"]
+        evidence = (f"{where}, {'peer ' + str(rdma.get('peer')) if rdma.get('peer') else 'loopback'}: {got:.1f} Gb/s "
+                    f"average at {fmt_bytes(result['bytes'])} ({result['iterations']} iterations"
+                    + (f", MTU {result['mtu']}" if result.get("mtu") else "") + ")")
+        rail_gbits = plan.rate_gbits
+        if fig is None:
+            why = source if acc is None else f"{acc.sku} has no rail figure"
+            out.append(_check(cid, title, WARN, f"{evidence}; not judged: {why}", NO_FIGURE if acc is None else "",
+                              host))  # fmt: skip
+        elif rail_gbits is not None and rail_gbits != acc.rdma_rail_gbits:
+            out.append(_check(cid, title, WARN, f"{evidence}; not judged: the {fig:.0f} Gb/s figure is for a "
+                              f"{acc.rdma_rail_gbits}G rail, this port runs at {rail_gbits:.0f} Gb/s",
+                              "check the port's speed (rdma.speed) if it should be 400G", host))  # fmt: skip
+        else:
+            verdict = PASS if got >= fig else FAIL
+            rel = ">=" if verdict == PASS else "<"
+            out.append(_check(cid, title, verdict, f"{evidence}; {rel} {fig:.0f} Gb/s ({source})", REMEDY_RDMA, host))
+    return out
+
+
+def to_checks(report: dict[str, Any]) -> list[CheckResult]:
+    """The report (as :func:`run` writes it, or read back from --acceptance-output) judged row by row."""
+    host = str(report.get("host") or "")
+    acc = Acceptance(**{**report["thresholds"], "gpu_names": tuple(report["thresholds"]["gpu_names"]),
+                        "sources": tuple(tuple(s) for s in report["thresholds"]["sources"])}) \
+        if report.get("thresholds") else None  # fmt: skip
+    source = str(report.get("threshold_source") or "")
+    n = int(report.get("gpus") or 0)
+    if n == 0:
+        why = str(report.get("gpus_reason") or "NVML reports none")
+        if "not installed" in why:  # the GPUs may be there: this Python cannot see them, which is not "none"
+            return [_check("accept.gpus", "Bandwidth acceptance", WARN, f"cannot see the GPUs: {why}",
+                           "pip install nvidia-ml-py, or run it with the serving venv's Python", host)]  # fmt: skip
+        return [_check("accept.gpus", "Bandwidth acceptance", NA, f"no GPUs: nothing to accept ({why})", "", host)]
+    meas = report.get("measurement") or {}
+    out: list[CheckResult] = []
+    if meas.get("error"):
+        remedy = ("run it with the serving venv's Python, which has torch (e.g. /opt/pdinfra/venv/bin/python -m "
+                  "pdinfra validate --acceptance)") if meas.get("missing") == "torch" else REMEDY_NCCL
+        out.append(_check("accept.nccl", "NCCL collectives and CUDA copies", FAIL,
+                          f"could not measure: {meas['error']}", remedy, host))  # fmt: skip
+    else:
+        for op in OPS:
+            entry = (meas.get("collectives") or {}).get(op)
+            if entry is not None:
+                out.append(_collective_check(op, entry, n, meas, acc, source, host))
+        out += _copy_checks(meas, n, acc, source, host)
+    out += _rdma_checks(report.get("rdma") or {}, acc, source, host)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Running it
+# --------------------------------------------------------------------------------------------------
+
+
+def _gpu_cpus(facts: dict[str, Any]) -> dict[int, list[int]]:
+    """Each GPU's local CPUs (sysfs local_cpulist of its PCI function): where its pinned host buffer is allocated."""
+    out = {}
+    for d in (facts.get("gpus") or {}).get("devices") or []:
+        text = None
+        try:
+            text = Path(f"/sys/bus/pci/devices/{d.get('bus_id')}/local_cpulist").read_text().strip()
+        except OSError:
+            continue
+        cpus: list[int] = []
+        for part in text.split(","):
+            a, _, b = part.partition("-")
+            if a.isdigit():
+                cpus += list(range(int(a), int(b or a) + 1))
+        if cpus:
+            out[int(d.get("index", 0))] = cpus
+    return out
+
+
+def measurement_plan(facts: dict[str, Any], cfg: AcceptanceConfig) -> dict[str, Any]:
+    n = int((facts.get("gpus") or {}).get("count") or 0)
+    sizes = list(cfg.sizes)
+    if n == 1:  # one rank crosses no link: one size shows that NCCL runs, more would show nothing more
+        sizes = sizes[:1]
+    return {
+        "gpus": n, "ops": list(OPS), "sizes": sizes, "max_bytes": cfg.max_bytes, "warmup": cfg.warmup,
+        "iters": cfg.iters, "op_cap_s": cfg.op_cap_s, "copy_bytes": cfg.copy_bytes, "copy_warmup": cfg.copy_warmup,
+        "copy_iters": cfg.copy_iters, "timeout_s": cfg.timeout_s,
+        "cpus": {str(k): v for k, v in _gpu_cpus(facts).items()},
+    }  # fmt: skip
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name)
+
+
+def rdma_section(facts: dict[str, Any], cfg: AcceptanceConfig, rdma_exec: Callable[..., dict[str, Any]] | None = None,
+                 which: Callable[[str], str | None] | None = None, probe: Callable[[list[str]], str] | None = None,
+                 pcie_path: Callable[[str], list[str]] | None = None,
+                 progress: Any = None) -> dict[str, Any]:  # fmt: skip
+    """The rails' plan and, with ``cfg.rdma``, their ib_write_bw results (``rdma_exec``, ``which`` and ``probe``
+    default to running perftest, looking programs up on PATH and reading a program's --help)."""
+    which, probe = which or _which, probe or _probe
+    rails, why = plan_rails(facts, pcie_path)
+    section: dict[str, Any] = {"peer": cfg.peer, "rails": []}
+    if not rails:
+        section["reason"] = why
+        return section
+    present, path_or_why, cuda = perftest_status(which, probe)
+    numactl = bool(which("numactl"))
+    for i, rail in enumerate(rails):
+        server, client = rail_commands(rail, i, cfg, numactl)
+        section["rails"].append({"rail": dataclasses.asdict(rail), "server": server, "client": client})
+    if not present:
+        section["reason"] = f"{path_or_why}: apt-get install perftest (a build with CUDA for --use_cuda)"
+        return section
+    if not cuda:
+        section["reason"] = f"{path_or_why} has no --use_cuda (perftest built without CUDA): GPUDirect not measured"
+        section["verdict"] = WARN
+        section["remedy"] = "build perftest with CUDA (./configure finds cuda.h since 25.07; CUDA_H_PATH before)"
+        return section
+    if not cfg.rdma:
+        section["reason"] = "not run (give --acceptance-rdma to run it)"
+        return section
+    run_pair = rdma_exec or run_ib_pair
+    for r in section["rails"]:
+        if progress:
+            progress(f"ib_write_bw {r['rail']['rdma_dev']} with GPU {r['rail']['gpu']}"
+                     + (f" against {cfg.peer}" if cfg.peer else " (loopback)"))  # fmt: skip
+        got = run_pair(r["server"], r["client"], cfg.rdma_timeout_s)
+        r["rc"] = got.get("client_rc")
+        r["output"] = got.get("client", "")
+        r["server_output"] = got.get("server", "")
+        r["result"] = parse_ib_write_bw(got.get("client", "")) or parse_ib_write_bw(got.get("server", ""))
+    return section
+
+
+def run(facts: dict[str, Any], cfg: AcceptanceConfig | None = None, *, hardware: str | None = None,
+        measure: Callable[..., dict[str, Any]] | None = None, rdma_exec: Callable[..., dict[str, Any]] | None = None,
+        which: Callable[[str], str | None] | None = None, probe: Callable[[list[str]], str] | None = None,
+        pcie_path: Callable[[str], list[str]] | None = sysfs_pcie_path,
+        progress: Any = None) -> tuple[list[CheckResult], dict[str, Any]]:  # fmt: skip
+    """Measure this host and judge it: (check results, the JSON-ready report)."""
+    cfg = cfg or AcceptanceConfig()
+    gpus = facts.get("gpus") or {}
+    n = int(gpus.get("count") or 0) if gpus.get("present") else 0
+    acc, source = thresholds_for(facts, hardware)
+    report: dict[str, Any] = {
+        "pdinfra_acceptance": 1,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": str(facts.get("hostname") or ""),
+        "gpus": n,
+        "gpus_reason": gpus.get("reason"),
+        "gpu_names": gpu_names(facts),
+        "driver_version": gpus.get("driver_version"),
+        "hardware": hardware,
+        "thresholds": dataclasses.asdict(acc) if acc else None,
+        "threshold_source": source,
+        "config": dataclasses.asdict(cfg),
+    }
+    if n:
+        if progress:
+            progress(f"acceptance figures: {source}")
+        plan = measurement_plan({**facts, "gpus": {**gpus, "count": n}}, cfg)
+        if measure is None:
+            from pdinfra.transfer.accept_worker import measure_local as measure
+        report["measurement"] = measure(plan, progress)
+        report["rdma"] = rdma_section(facts, cfg, rdma_exec, which, probe, pcie_path, progress)
+    return to_checks(report), report
+
+
+def any_fail(results: list[CheckResult]) -> bool:
+    return any(r.verdict == FAIL for r in results)
+
+
+# --------------------------------------------------------------------------------------------------
+# python -m pdinfra.transfer.acceptance: without typer and rich
+# --------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure this host and print ``{"checks": [...], "report": {...}}`` as JSON; exit 1 on a fail."""
+    import argparse
+    import json
+    import sys
+
+    from pdinfra.cluster.model import NODE_FILE
+    from pdinfra.host.facts import gather
+    from pdinfra.transfer.fmt import parse_size
+
+    ap = argparse.ArgumentParser(prog="python -m pdinfra.transfer.acceptance", description=main.__doc__)
+    ap.add_argument("--max-bytes", help="cap on a collective's size, e.g. 4GiB (default: 16GiB, or free memory)")
+    ap.add_argument("--rdma", action="store_true", help="run the per-rail ib_write_bw commands (else only listed)")
+    ap.add_argument("--peer", help="with --rdma: run each rail's server on this SSH destination, not in loopback")
+    ap.add_argument("--hardware", help="hardware profile whose figures apply (default: the node's cluster.json, "
+                    "else the SKU the GPU names match)")  # fmt: skip
+    ap.add_argument("--cluster", default=NODE_FILE, help="the node's cluster model (for its hardware profile)")
+    ap.add_argument("--output", "-o", help="also write the report (JSON) to this file")
+    args = ap.parse_args(argv)
+    try:
+        max_bytes = parse_size(args.max_bytes) if args.max_bytes else None
+    except ValueError as exc:
+        ap.error(str(exc))
+    hardware = args.hardware or hardware_from_cluster(args.cluster)
+    facts = gather("/")
+    cfg = AcceptanceConfig(max_bytes=max_bytes, rdma=args.rdma, peer=args.peer)
+    results, report = run(facts, cfg, hardware=hardware, progress=lambda m: print(f"» {m}", file=sys.stderr))
+    text = json.dumps({"checks": [r.to_dict() for r in results], "report": report}, indent=1, default=str)
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(text)
+    return 1 if any_fail(results) else 0
+
+
+def hardware_from_cluster(path: str | Path) -> str | None:
+    """The node's hardware profile from its cluster.json (None on a host pdinfra did not deploy)."""
+    from pdinfra.cluster.model import Cluster
+
+    if not Path(path).exists():
+        return None
+    try:
+        cluster, node = Cluster.load(path)
+        return cluster.host(node).hardware if node else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
