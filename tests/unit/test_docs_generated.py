@@ -43,6 +43,22 @@ def test_the_drift_check_sees_a_change(tmp_path, monkeypatch):
     assert docs.main(["--check"]) == 1
 
 
+def test_the_runs_index_names_every_record_with_its_heading(tmp_path):
+    """docs/runs/README.md lists each record of docs/runs and docs/reports (the files sharing a stem as one), with
+    the record's own heading; a new record is a drift until the index is regenerated."""
+    index = docs.RUNS_INDEX_MD.read_text()
+    stems = {p.name.split(".", 1)[0] for sub in docs.RECORD_DIRS for p in (docs.DOCS_DIR / sub).iterdir()
+             if p.name != "README.md"}  # fmt: skip
+    assert all(f"[{s}](" in index for s in stems), sorted(s for s in stems if f"[{s}](" not in index)
+    assert "(no heading)" not in index
+    for sub in docs.RECORD_DIRS:
+        (tmp_path / sub).mkdir()
+    (tmp_path / "runs" / "2031-01-01-new.md").write_text("# A new record (2031-01-01)\n")
+    (tmp_path / "runs" / "2031-01-01-new").mkdir()
+    assert "| 2031-01-01 | [2031-01-01-new](2031-01-01-new.md) | A new record (2031-01-01) | [dir](2031-01-01-new/) |" \
+        in docs.runs_index_md(tmp_path)  # fmt: skip
+
+
 def test_the_catalog_drift_check_sees_a_change(tmp_path, monkeypatch):
     """A stale catalog row is noticed, and the hand-written text around the markers is kept when regenerating."""
     current = host_docs.VALIDATION_MD.read_text()
