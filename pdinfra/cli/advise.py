@@ -1,18 +1,58 @@
 """``pdinfra advise [--apply]``: the running cluster judged against its SLO from Prometheus, and the advised
-change made (registered by pdinfra.cli.main)."""
+change made (registered by pdinfra.cli.main). The judging is :mod:`pdinfra.bench.advise`, the --apply workflow
+:func:`pdinfra.bench.apply.apply_advice`; this module parses the options and prints."""
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from pdinfra.cli.common import DEFAULT_INV, Inv, resolved_cluster
+
+if TYPE_CHECKING:  # imported when the command runs: every pdinfra command imports this module
+    from pdinfra.bench import advise as advise_mod
+    from pdinfra.bench import apply as apply_mod
+
+
+class _ApplyConsole:
+    """apply_mod.ApplyConsole on a rich console."""
+
+    def __init__(self, con: Console) -> None:
+        self.con = con
+
+    def change(self, plan: apply_mod.Plan, inv_dir: Path) -> None:
+        self.con.print(f"[bold]--apply[/]: {plan.change.summary}; the inventory change ({inv_dir}):")
+        self.con.print(plan.diff(inv_dir), markup=False, highlight=False)
+
+    def confirm(self) -> bool:
+        return typer.confirm("Write it and deploy?", default=False, err=True)
+
+    def progress(self, message: str) -> None:
+        self.con.print(f"  {message}", markup=False, highlight=False)
+
+    def waiting(self, window: str, until: float) -> None:
+        self.con.print(f"deployed; measuring again over {window} of traffic on the new deployment (until "
+                       f"{time.strftime('%H:%M:%S', time.localtime(until))})")  # fmt: skip
+
+    def left(self, seconds: float) -> None:
+        self.con.print(f"  {seconds:.0f} s to go")
+
+
+def _show(con: Console, a: advise_mod.Advice) -> None:
+    con.print(f"[bold]pdinfra advise[/]: {a.shape}, last {a.window}, SLO {a.slo} (Prometheus {a.prometheus})")
+    for line in a.evidence:
+        con.print(f"  {line}")
+    con.print(f"[bold]{a.verdict}[/]: {a.summary}")
+    for act in a.actions:
+        con.print(f"  -> {act}")
 
 
 def advise_cmd(
@@ -43,14 +83,8 @@ def advise_cmd(
     """Judge the running cluster against its SLO from Prometheus's live metrics and advise: keep, rebalance
     prefill:decode, add capacity, or try PD. Every figure comes with the PromQL that produced it (--json).
     --apply makes the change that needs no new hardware and measures again."""
-    import re
-    import sys
-
     from pdinfra.bench import advise as advise_mod
     from pdinfra.bench import apply as apply_mod
-    from pdinfra.cluster.edit import EditError
-    from pdinfra.cluster.inventory import InventoryError
-    from pdinfra.cluster.resolve import ClusterError
 
     if not re.fullmatch(r"\d+[smhd]", window):
         typer.echo(f"error: --window {window!r} must be a Prometheus duration such as 10m or 1h", err=True)
@@ -60,75 +94,42 @@ def advise_cmd(
         raise typer.Exit(2)
     cluster = resolved_cluster(inventory)
     con = Console(width=160, stderr=json_out)
-
-    def judge(c) -> advise_mod.Advice:
-        try:
-            return advise_mod.run(c, window, prometheus, timeout)
-        except advise_mod.AdviseError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
-
-    def show(a: advise_mod.Advice) -> None:
-        con.print(f"[bold]pdinfra advise[/]: {a.shape}, last {a.window}, SLO {a.slo} (Prometheus {a.prometheus})")
-        for line in a.evidence:
-            con.print(f"  {line}")
-        con.print(f"[bold]{a.verdict}[/]: {a.summary}")
-        for act in a.actions:
-            con.print(f"  -> {act}")
-
-    before = judge(cluster)
+    try:
+        before = advise_mod.run(cluster, window, prometheus, timeout)
+    except advise_mod.AdviseError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     if json_out and not apply:
         typer.echo(json.dumps(before.to_dict(), indent=2))
         return
-    show(before)
+    _show(con, before)
     if not apply:
         return
     try:
-        plan = apply_mod.plan(inventory, before)
-    except apply_mod.ApplyError as exc:
-        con.print(f"--apply: nothing to apply: {exc}")
-        if json_out:
-            typer.echo(json.dumps({"before": before.to_dict(), "applied": False}, indent=2))
-        return
-    except (EditError, InventoryError) as exc:
-        typer.echo(f"error: --apply: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    except ClusterError as exc:
-        typer.echo(f"error: --apply: the edited inventory does not resolve; nothing written:\n{exc}", err=True)
-        raise typer.Exit(1) from exc
-    inv_dir = inventory if inventory.is_dir() else inventory.parent
-    con.print(f"[bold]--apply[/]: {plan.change.summary}; the inventory change ({inv_dir}):")
-    con.print(plan.diff(inv_dir), markup=False, highlight=False)
-    if not yes and not typer.confirm("Write it and deploy?", default=False, err=True):
-        con.print("nothing written")
-        raise typer.Exit(1)
-    logs = log_dir or apply_mod.default_log_dir()
-    try:
-        apply_mod.deploy(inventory, plan, logs, progress=lambda m: con.print(f"  {m}", markup=False, highlight=False))
-    except (apply_mod.ApplyError, EditError) as exc:
+        outcome = apply_mod.apply_advice(inventory, before, window, _ApplyConsole(con), prometheus=prometheus,
+                                         timeout=timeout, yes=yes, log_dir=log_dir)  # fmt: skip
+    except apply_mod.ApplyFailed as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    # One window of traffic, plus a margin of scrapes so that Prometheus has seen every new instance's warm-up
-    # finish before the window begins (advise counts settled instances only: advise.SETTLED).
-    wait_s = apply_mod.window_seconds(window) + apply_mod.SETTLE_MARGIN_S
-    con.print(f"deployed; measuring again over {window} of traffic on the new deployment (until "
-              f"{time.strftime('%H:%M:%S', time.localtime(time.time() + wait_s))})")  # fmt: skip
-    t_end = time.monotonic() + wait_s
-    while (left := t_end - time.monotonic()) > 0:
-        time.sleep(min(30.0, left))
-        if t_end - time.monotonic() > 1:
-            con.print(f"  {t_end - time.monotonic():.0f} s to go")
-    after = judge(plan.after)
-    show(after)
+    except advise_mod.AdviseError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if outcome.declined:
+        con.print("nothing written")
+        raise typer.Exit(1)
+    if not outcome.applied:
+        con.print(f"--apply: nothing to apply: {outcome.reason}")
+        if json_out:
+            typer.echo(json.dumps(outcome.to_dict(), indent=2))
+        return
+    assert outcome.after is not None
+    _show(con, outcome.after)
     table = Table(title=f"before and after the change, each over {window}")
     for col in ("", "before", "after"):
         table.add_column(col)
-    for row in apply_mod.compare(before, after):
+    for row in apply_mod.compare(before, outcome.after):
         table.add_row(*row)
     con.print(table)
-    (logs / "advice-before.json").write_text(json.dumps(before.to_dict(), indent=2) + "\n")
-    (logs / "advice-after.json").write_text(json.dumps(after.to_dict(), indent=2) + "\n")
-    con.print(f"diff, play log and both advices: {logs}")
+    con.print(f"diff, play log and both advices: {outcome.log_dir}")
     if json_out:
-        typer.echo(json.dumps({"before": before.to_dict(), "applied": True, "diff": plan.diff(inv_dir),
-                               "after": after.to_dict(), "log_dir": str(logs)}, indent=2))  # fmt: skip
+        typer.echo(json.dumps(outcome.to_dict(), indent=2))
