@@ -9,10 +9,14 @@ Order, so that nothing on a host is touched by a change that does not resolve:
 3. write the inventory, run ``site.yml --tags serving,monitoring`` (a retargeted instance's old unit is retired
    by vllm_instance, the router, firewall, probe and Prometheus targets follow the model);
 4. wait one window of traffic and judge it again, so the before/after pair covers the same length of time.
+
+:func:`apply_advice` runs the four steps; the CLI gives it the options and an :class:`ApplyConsole` that shows
+the diff, asks, and prints the progress.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -20,12 +24,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from pdinfra import paths
+from pdinfra.bench import advise
 from pdinfra.bench.advise import Advice, Change
 from pdinfra.cluster import edit
-from pdinfra.cluster.inventory import load_cluster
+from pdinfra.cluster.inventory import InventoryError, load_cluster
 from pdinfra.cluster.model import Cluster
+from pdinfra.cluster.resolve import ClusterError
 from pdinfra.playbook import run_playbook
 
 # The serving plays (pd_runtime rewrites the node's cluster.json, which the probe and validate read) and monitoring.
@@ -34,6 +41,10 @@ TAGS = "serving,monitoring"
 
 class ApplyError(RuntimeError):
     pass
+
+
+class ApplyFailed(ApplyError):
+    """--apply stopped on a problem (the message says what was written, if anything): the command fails."""
 
 
 @dataclass
@@ -139,3 +150,96 @@ def compare(before: Advice, after: Advice) -> list[tuple[str, str, str]]:
         ("ITL P99", ms(before.itl_p99_s), ms(after.itl_p99_s)),
         ("SLO", before.slo, after.slo),
     ]
+
+
+class ApplyConsole(Protocol):
+    """What :func:`apply_advice` shows and asks on the way; the CLI prints it."""
+
+    def change(self, plan: Plan, inv_dir: Path) -> None:
+        """The planned change and its inventory diff (relative to inv_dir), before anything is written."""
+
+    def confirm(self) -> bool:
+        """Whether to write the inventory and deploy (not asked with ``yes``)."""
+
+    def progress(self, message: str) -> None:
+        """A step of the deploy: the inventory written, the play's progress lines."""
+
+    def waiting(self, window: str, until: float) -> None:
+        """Deployed; the advice is judged again over window of traffic, at wall-clock time until (epoch)."""
+
+    def left(self, seconds: float) -> None:
+        """Seconds still to wait (said every 30 s)."""
+
+
+@dataclass
+class Outcome:
+    """How ``advise --apply`` ended. Not applied: ``reason`` says why (the advice has no change to make, or
+    ``declined`` when the answer was no). Applied: the diff, the advice judged again, where the records are."""
+
+    before: Advice
+    applied: bool
+    reason: str = ""
+    declined: bool = False
+    diff: str = ""
+    after: Advice | None = None
+    log_dir: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.applied:
+            return {"before": self.before.to_dict(), "applied": False}
+        assert self.after is not None
+        return {"before": self.before.to_dict(), "applied": True, "diff": self.diff, "after": self.after.to_dict(),
+                "log_dir": str(self.log_dir)}  # fmt: skip
+
+
+def apply_advice(
+    source: Path,
+    before: Advice,
+    window: str,
+    console: ApplyConsole,
+    *,
+    prometheus: str | None = None,
+    timeout: float = 10.0,
+    yes: bool = False,
+    log_dir: Path | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Outcome:
+    """``advise --apply`` on the inventory source after the advice before (judged over window): plan the
+    change, show it, ask (unless yes), write and deploy it, wait one window of traffic on the new deployment
+    and judge again with the same Prometheus and timeout. The diff, the play's log and both advices
+    (``advice-before.json``, ``advice-after.json``) go to log_dir (default: :func:`default_log_dir`).
+
+    Raises :class:`ApplyFailed` (an edit that cannot be made, an edited inventory that does not resolve, a
+    failed play) and :class:`~pdinfra.bench.advise.AdviseError` (Prometheus, after the change)."""
+    source = Path(source)
+    try:
+        p = plan(source, before)
+    except ApplyError as exc:
+        return Outcome(before, applied=False, reason=str(exc))
+    except (edit.EditError, InventoryError) as exc:
+        raise ApplyFailed(f"--apply: {exc}") from exc
+    except ClusterError as exc:
+        raise ApplyFailed(f"--apply: the edited inventory does not resolve; nothing written:\n{exc}") from exc
+    inv_dir = source if source.is_dir() else source.parent
+    console.change(p, inv_dir)
+    if not yes and not console.confirm():
+        return Outcome(before, applied=False, reason="declined: nothing written", declined=True)
+    logs = log_dir or default_log_dir()
+    try:
+        deploy(source, p, logs, progress=console.progress)
+    except (ApplyError, edit.EditError) as exc:
+        raise ApplyFailed(str(exc)) from exc
+    # One window of traffic, plus a margin of scrapes so that Prometheus has seen every new instance's warm-up
+    # finish before the window begins (advise counts settled instances only: advise.SETTLED).
+    wait_s = window_seconds(window) + SETTLE_MARGIN_S
+    console.waiting(window, time.time() + wait_s)
+    t_end = clock() + wait_s
+    while (left := t_end - clock()) > 0:
+        sleep(min(30.0, left))
+        if (left := t_end - clock()) > 1:
+            console.left(left)
+    after = advise.run(p.after, window, prometheus, timeout)
+    (logs / "advice-before.json").write_text(json.dumps(before.to_dict(), indent=2) + "\n")
+    (logs / "advice-after.json").write_text(json.dumps(after.to_dict(), indent=2) + "\n")
+    return Outcome(before, applied=True, diff=p.diff(inv_dir), after=after, log_dir=logs)

@@ -1,5 +1,7 @@
-"""The ``pdinfra`` command: one Typer sub-app or command group per file (main: up/down/deploy/smoke/check-config
-and the test hosts; host: facts and validate; transfer; bench). The CLI may import every other layer."""
+"""The ``pdinfra`` command: main assembles the typer app; one module per command group (deploy: check-config,
+deploy, up, down; serving: smoke, probe; advise; wheelhouse; host: facts, validate; transfer: transfer and its
+peer side; testhosts: hosts; model; bench; kvtrace: kv-trace), their shared options in common. The CLI may import
+every other layer."""
 
 from pdinfra.cli.main import app
 

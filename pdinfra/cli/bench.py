@@ -1,8 +1,9 @@
-"""``pdinfra bench plan`` and ``pdinfra bench report`` (registered by pdinfra.cli).
+"""``pdinfra bench``: the live sweeps and measurements against the deployed cluster (run, latency, reuse) and the
+two commands that need no cluster (plan, report).
 
-The live ``pdinfra bench`` (which runs the sweep on the router node) calls
-:func:`pdinfra.bench.runner.run_bench`; these two commands need no cluster: one prints the plan and the
-exact ``vllm bench serve`` commands (a dry run), the other rebuilds reports from saved run directories.
+The live ``pdinfra bench run`` (which runs the sweep on the router node) calls
+:func:`pdinfra.bench.runner.run_bench`; ``plan`` prints the plan and the exact ``vllm bench serve`` commands (a
+dry run), ``report`` rebuilds reports from saved run directories.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from pdinfra.bench import plan as P
 from pdinfra.bench import runner as R
+from pdinfra.cli.common import DEFAULT_INV, Inv, console, resolved_cluster, step
+
+app = typer.Typer(no_args_is_help=True, help="SLO benchmarks: vllm bench serve sweeps, analysis, report.")
 
 
 def _ints(text: str | None) -> tuple[int, ...] | None:
@@ -117,9 +123,6 @@ def bench_plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan and commands as JSON")] = False,
 ) -> None:
     """Print the sweep and the exact `vllm bench serve` command of every point (a dry run: nothing runs)."""
-    from rich.console import Console
-    from rich.table import Table
-
     try:
         bench_plan = plan_from_options(
             plan,
@@ -161,7 +164,7 @@ def bench_plan_cmd(
         }
         typer.echo(json.dumps(doc, indent=1, sort_keys=True))
         return
-    console = Console()
+    con = Console()
     table = Table(title=f"bench plan '{bench_plan.name}': {len(rows)} points; SLO: {the_slo.describe()}")
     for col in ("point", "layout", "ISL", "OSL", "conc", "prompts", "rate", "seed"):
         table.add_column(col, justify="left" if col in ("point", "layout") else "right")
@@ -171,10 +174,10 @@ def bench_plan_cmd(
             p.key, p.layout, str(p.input_len), str(p.output_len), str(p.max_concurrency), str(p.num_prompts), rate,
             str(seed),
         )  # fmt: skip
-    console.print(table)
+    con.print(table)
     for p, _, argv in rows:
-        console.print(f"# {p.key}", style="bold", highlight=False)
-        console.print(R.shell_line(argv), highlight=False, soft_wrap=True, markup=False)
+        con.print(f"# {p.key}", style="bold", highlight=False)
+        con.print(R.shell_line(argv), highlight=False, soft_wrap=True, markup=False)
 
 
 def bench_report_cmd(
@@ -210,3 +213,168 @@ def bench_report_cmd(
     typer.echo(f"report: {files.html}")
     typer.echo(f"markdown: {files.markdown}")
     typer.echo(f"analysis: {files.analysis}")
+
+
+@app.command("run")
+def bench_run(
+    inventory: Inv = DEFAULT_INV,
+    plan: Annotated[
+        str,
+        typer.Option(
+            help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI), long (1536/64, "
+            "conc. 1..16: where PD wins on inventory/local-1p1d) or kv-trace."
+        ),
+    ] = "default",
+    isl: Annotated[str | None, typer.Option(help="Input lengths, e.g. 1024,8192.")] = None,
+    osl: Annotated[str | None, typer.Option(help="Output lengths, e.g. 1024.")] = None,
+    concurrency: Annotated[str | None, typer.Option(help="Max concurrencies, e.g. 1,2,4,8,16,32.")] = None,
+    layouts: Annotated[str | None, typer.Option(help="Layouts to sweep: agg,pd.")] = None,
+    prompts_per_concurrency: Annotated[int | None, typer.Option(help="num_prompts = this x concurrency.")] = None,
+    request_rate: Annotated[str | None, typer.Option(help="Request rate (inf = all at once).")] = None,
+    slo: Annotated[
+        str | None, typer.Option(help="SLO as YAML/JSON or a file; default: the inventory's pdinfra_slo.")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where run directories are written.")] = Path("out/bench/runs"),
+    report: Annotated[Path | None, typer.Option(help="Also write the report here (HTML, Markdown, plots).")] = None,
+    redeploy: Annotated[
+        bool,
+        typer.Option(
+            "--redeploy",
+            help="Redeploy the same instances as aggregated servers behind the router for the agg points "
+            "(same GPUs as PD), and back to PD afterwards. Without it, agg = the first decode instance direct.",
+        ),
+    ] = False,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="vllm bench serve's --backend: vllm or openai (/v1/completions), openai-chat "
+            "(/v1/chat/completions through the model's chat template)."
+        ),
+    ] = "vllm",
+) -> None:
+    """Run `vllm bench serve` sweeps of the agg and PD layouts against the deployed cluster, save and report them."""
+    from pdinfra.bench import live
+    from pdinfra.bench.report import text_summary, write_report
+    from pdinfra.bench.runner import run_bench
+    from pdinfra.cluster.slo import SLO
+
+    try:
+        if backend not in live.BACKEND_ENDPOINTS:
+            raise ValueError(f"--backend {backend!r}: one of {', '.join(live.BACKEND_ENDPOINTS)}")
+        the_plan = plan_from_options(plan, isl, osl, concurrency, layouts, prompts_per_concurrency, request_rate)
+        the_slo = parse_slo(slo) if slo else None
+    except (KeyError, ValueError, OSError) as exc:  # one line, exit 2, before any host is touched
+        typer.echo(f"error: {str(exc).strip(chr(34))}", err=True)
+        raise typer.Exit(2) from exc
+    cluster = resolved_cluster(inventory)
+    the_slo = the_slo or SLO.from_dict(cluster.slo)
+    endpoints, router = live.endpoints_from_cluster(cluster, redeploy=redeploy, backend=backend)
+    deployer = live.LayoutDeployer(inventory, Path(out) / ".deploy", step) if redeploy else None
+    executor = live.AnsibleExecutor(inventory, router, Path(out) / ".fetched", deployer=deployer)
+    try:
+        run_dir = run_bench(the_plan, the_slo, endpoints, executor, live.http_scrape, Path(out),
+                            host={"router": router, "inventory": str(inventory), "redeploy": redeploy})  # fmt: skip
+    finally:
+        if deployer is not None:
+            deployer.ensure("pd")  # leave the cluster as site.yml deploys it
+    console.print(f"[green]run saved[/]: {run_dir}")
+    if report:
+        files = write_report([run_dir], report, the_slo)
+        Console(width=160).print(text_summary(files.runs[0]))
+        console.print(f"report: {files.html}")
+
+
+@app.command("latency")
+def bench_latency(
+    inventory: Inv = DEFAULT_INV,
+    requests: Annotated[int, typer.Option("-n", "--requests", min=1, help="Requests through the router.")] = 20,
+    words: Annotated[int, typer.Option(min=1, help="Prompt length in words (the report gives the tokens).")] = 200,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens per request.")] = 16,
+    direct: Annotated[
+        bool, typer.Option(help="Also send as many requests prefill -> decode without the router (its added latency).")
+    ] = True,
+    out: Annotated[Path | None, typer.Option(help="Write every sample and the medians as JSON here.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")] = False,
+) -> None:
+    """Decompose a PD request's latency, one request at a time: router, prefill request, KV transfer, decode's
+    first token, from the router's and the instances' own histograms. Run it on an otherwise idle cluster."""
+    from pdinfra.bench import decompose
+
+    cluster = resolved_cluster(inventory, secrets=True)
+    con = Console(width=160, stderr=json_out)
+    try:
+        targets = decompose.targets_from_cluster(cluster, api_key=cluster.secrets.api_key)
+        d = decompose.run(targets, requests=requests, words=words, max_tokens=max_tokens, direct=direct,
+                          progress=lambda m: con.print(f"[cyan]»[/] {m}"))  # fmt: skip
+    except decompose.DecomposeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    data = d.to_dict()
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1) + "\n")
+    if json_out:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    kept = sum(1 for s in d.samples if s.path == "router")
+    table = Table(title=f"PD latency, {kept} requests through {targets.router} "
+                        f"({d.prompt_tokens} prompt tokens, {max_tokens} output tokens, one at a time)")  # fmt: skip
+    for col, justify in (("stage", "left"), ("p50 ms", "right"), ("mean ms", "right"), ("of p50", "right")):
+        table.add_column(col, justify=justify)
+    for row in decompose.table_rows(d):
+        table.add_row(*row)
+    con.print(table)
+    added = d.router_added()
+    if added is not None:
+        via, direct_p50 = 1000 * d.p50("router")["outside"], 1000 * d.p50("direct")["outside"]
+        con.print(f"router's added latency: p50 {1000 * added:.1f} ms (outside the instances: {via:.1f} ms through "
+                  f"the router, {direct_p50:.1f} ms prefill -> decode without it)")  # fmt: skip
+    if d.discarded:
+        con.print(f"[yellow]{len(d.discarded)} samples discarded[/] (other traffic, e.g. the deep-health probe's "
+                  f"timer): {d.discarded[0]}")  # fmt: skip
+
+
+@app.command("reuse")
+def bench_reuse(
+    inventory: Inv = DEFAULT_INV,
+    trials: Annotated[int, typer.Option(min=1, help="Trials per share and instance.")] = 3,
+    words: Annotated[
+        int, typer.Option(min=8, help="Prompt length in words (360: about 1 900 tokens of the tiny model).")
+    ] = 360,
+    out: Annotated[Path, typer.Option(help="Directory for reuse.json, reuse.md and reuse.png.")] = Path(
+        "out/bench/reuse"
+    ),
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable result on stdout.")] = False,
+) -> None:
+    """The KV reuse experiment (needs pdinfra_kv_store): TTFT of prompts that share 0-100% of an earlier prompt,
+    on the instance that computed it (its own prefix cache) and on one on another host (the Mooncake store).
+    Sends one request at a time straight to the two instances; run it on an otherwise idle cluster."""
+    from pdinfra.bench import reuse
+    from pdinfra.serving import smoke as smoke_mod
+
+    cluster = resolved_cluster(inventory, secrets=True)
+    pair = smoke_mod.store_pair(cluster)
+    if pair is None:
+        typer.echo(f"error: {inventory} has no KV reuse tier with two instances to compare (pdinfra_kv_store: "
+                   "true, and a saving instance plus one more)", err=True)  # fmt: skip
+        raise typer.Exit(2)
+    con = Console(width=160, stderr=True)
+
+    def progress(done: int, total: int, s: reuse.Sample) -> None:
+        what = f"{s.ttft_ms:.0f} ms, {s.store_hits:.0f} from store" if s.ok else f"failed: {s.error}"
+        con.print(f"[cyan]»[/] {done}/{total} shared {s.share}% on the {s.target} instance: {what}")
+
+    rr = reuse.run(pair[0], pair[1], cluster.model.name, cluster.secrets.api_key, n_words=words, trials=trials,
+                   progress=progress)  # fmt: skip
+    files = reuse.write(rr, out)
+    if json_out:
+        typer.echo(json.dumps(rr.to_dict(), indent=1))
+    else:
+        Console(width=160).print(reuse.markdown(rr))
+        con.print(f"written: {', '.join(map(str, files))}")
+    if any(not s.ok for s in rr.samples):
+        raise typer.Exit(1)
+
+
+app.command("plan")(bench_plan_cmd)
+app.command("report")(bench_report_cmd)

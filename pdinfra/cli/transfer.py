@@ -1,4 +1,5 @@
-"""``pdinfra transfer``: the two-process NIXL benchmark as a command (registered by pdinfra.cli)."""
+"""``pdinfra transfer``: the two-process NIXL benchmark as a command, and the hidden ``transfer-target`` that
+``validate --transfer --peer`` starts on the peer (both registered by pdinfra.cli.main)."""
 
 from __future__ import annotations
 
@@ -224,3 +225,10 @@ def transfer_cmd(
                 break
     if T.any_fail(results):
         raise typer.Exit(1)
+
+
+def transfer_target_cmd() -> None:
+    """The target side of `pdinfra validate --transfer --peer` (started on the peer over SSH; speaks on stdin/out)."""
+    from pdinfra.transfer.remote import serve
+
+    serve()

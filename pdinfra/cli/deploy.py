@@ -1,0 +1,103 @@
+"""``pdinfra check-config``, ``deploy``, ``up`` and ``down``: the cluster description checked, site.yml run, and
+the local cluster brought up and torn down in one go (registered by pdinfra.cli.main)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pdinfra.cli.common import (
+    DEFAULT_INV,
+    Inv,
+    UpInv,
+    console,
+    deployed_record,
+    load_inventory,
+    remember,
+    resolved_cluster,
+    step,
+)
+from pdinfra.cli.serving import smoke_cmd
+from pdinfra.cli.testhosts import hosts_create, hosts_destroy
+
+# `pdinfra deploy`'s arguments that are not its own go to ansible-playbook.
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def check_config_cmd(
+    inventory: Inv = DEFAULT_INV,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the resolved cluster model as JSON.")] = False,
+) -> None:
+    """Resolve and check the cluster description (no host is contacted): the same check site.yml runs first."""
+    cluster = resolved_cluster(inventory)
+    if json_out:
+        typer.echo(json.dumps(cluster.to_dict(), indent=1))
+        return
+    table = Table("host", "address", "hardware", "instances", title=f"{inventory}", title_justify="left")
+    for h in cluster.hosts:
+        insts = ", ".join(
+            f"{i.name} {i.role} :{i.port} tp{i.tp}" + (f" gpus {','.join(map(str, i.gpus))}" if i.gpus else "")
+            for i in h.instances
+        )
+        table.add_row(h.name + (" (router)" if h.router else ""), h.address or "-", h.hardware, insts or "-")
+    Console(stderr=True).print(table)
+    console.print(
+        f"[green]ok[/] {len(cluster.pd_hosts)} PD hosts, {len(cluster.instances)} instances; {cluster.profile} "
+        f"profile, {cluster.model.name} ({cluster.model.shape or 'no shape'}), block size {cluster.block_size}, "
+        f"dtype {cluster.dtype}, layout {cluster.layout}, router {cluster.router.url}"
+    )
+
+
+def run_playbook(inventory: Path, extra: list[str] | None = None, check: bool = False) -> int:
+    """Run site.yml: one line per step with its elapsed time; the full Ansible log goes to out/logs/."""
+    from pdinfra.playbook import run_playbook as run
+
+    return run(inventory, "site.yml", extra, check=check, progress=step).rc
+
+
+def deploy_cmd(
+    ctx: typer.Context,
+    inventory: Inv = DEFAULT_INV,
+    check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report what would change.")] = False,
+) -> None:
+    """Run site.yml against the inventory (extra arguments go to ansible-playbook)."""
+    rc = run_playbook(inventory, list(ctx.args), check)
+    raise typer.Exit(rc)
+
+
+def up_cmd(
+    inventory: UpInv = DEFAULT_INV,
+    destroy_first: Annotated[bool, typer.Option("--fresh", help="Destroy existing test hosts first.")] = False,
+) -> None:
+    """Everything in one go: test hosts (if the inventory has them), site.yml, smoke summary."""
+    t0 = time.monotonic()
+    step("resolving the cluster description")
+    from pdinfra import testhosts
+
+    inventory = inventory.absolute()
+    remember(inventory)  # later commands without -i work on this inventory (pdinfra down forgets it)
+    hosts = testhosts.from_inventory(load_inventory(inventory))
+    if not hosts:  # real hosts: nothing local to remember
+        deployed_record().unlink(missing_ok=True)
+    resolved_cluster(inventory)
+    if hosts:
+        if destroy_first:
+            testhosts.destroy(hosts, progress=step)
+        hosts_create(inventory)
+    rc = run_playbook(inventory)
+    if rc != 0:
+        console.print(f"[red]site.yml failed (exit {rc})[/]")
+        raise typer.Exit(rc)
+    smoke_cmd(inventory=inventory, json_out=False, layout=None)
+    console.print(f"[green]pdinfra up: done in {time.monotonic() - t0:.0f} s[/]")
+
+
+def down_cmd(inventory: Inv = DEFAULT_INV) -> None:
+    """Destroy the inventory's local test hosts."""
+    hosts_destroy(inventory, keep_disk=False)
