@@ -14,7 +14,7 @@ import time
 import urllib.parse
 import urllib.request
 
-from e2e_helpers import E2E_MARKS, LOG_DIR, PROMPTS, REPO, ROUTER, api_key, complete
+from e2e_helpers import E2E_MARKS, LOG_DIR, PROMPTS, REPO, ROUTER, api_key, complete, node, on
 
 pytestmark = E2E_MARKS
 
@@ -89,7 +89,13 @@ def test_rules_are_loaded_and_evaluate(cluster):
     assert not bad, bad
     # Nothing is firing on a healthy cluster.
     firing = [a for a in api("alerts")["alerts"] if a["state"] == "firing"]
-    assert not firing, firing
+    evidence = ""
+    if any(a["labels"].get("alertname") == "PdinfraKVReadAfterRelease" for a in firing):
+        # Seen once (fresh-clone rehearsal, 2026-12-03, during the bench's PD sweep, the build machine also busy with
+        # other work): the prefill's own account of the late reads, so the next failure says which requests.
+        evidence = on(node(cluster, "node1"), "journalctl --no-pager -u pdinfra-vllm-prefill0 | grep -iE "
+                      "'expir|invalid kv|notif' | tail -20", log="m0-kv-read-after-release").stdout  # fmt: skip
+    assert not firing, (firing, evidence)
 
 
 def test_every_dashboard_query_names_a_metric_the_local_stack_exports(cluster):
