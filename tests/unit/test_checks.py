@@ -369,3 +369,17 @@ def test_a_healthy_reuse_tier_node_has_no_failure(tmp_path) -> None:
     results = {r.id: r for r in C.run_checks(facts)}
     assert [i for i, r in results.items() if r.verdict == C.FAIL] == []
     assert results["serving.health"].verdict == results["serving.pd_consistency"].verdict == C.PASS
+
+
+def test_a_healthy_one_gpu_h200_host_has_no_failure() -> None:
+    """Live facts of a healthy one-GPU H200 host (recorded with docs/runs/2026-12-03-h200x1-acceptance): 0 fail, and
+    the only warns are the two "cannot verify" the run explains (no aer_dev_* files for a passed-through GPU; no
+    ucx_info on the host)."""
+    rec = REPO / "tests" / "fixtures" / "recorded" / "h200x1-acceptance"
+    facts = json.loads((rec / "facts.json").read_text())
+    results = C.run_checks(facts, C.Expect.load(rec / "expect.json"))
+    assert [r for r in results if r.verdict == C.FAIL] == []
+    assert {r.id for r in results if r.verdict == C.WARN} == {"pcie.aer", "ucx.transports"}
+    by_id = {r.id: r for r in results}
+    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.xid", "serving.toolchain"):
+        assert by_id[cid].verdict in (C.PASS, C.NA), by_id[cid]
