@@ -334,6 +334,11 @@ def validate_cmd(
             "through each NIC, or against --peer.",
         ),
     ] = False,
+    acceptance_dcgm_level: Annotated[
+        int,
+        typer.Option(min=0, max=4, help="With --acceptance: run `dcgmi diag -r LEVEL -j` where DCGM is installed "
+                     "(1: deployment checks, seconds; 2: about 2 minutes; 0 skips it)."),
+    ] = 1,
     acceptance_output: Annotated[
         Path | None, typer.Option(help="With --acceptance: write the full acceptance report (JSON) here.")
     ] = None,
@@ -407,7 +412,8 @@ def validate_cmd(
         err = Console(stderr=True, soft_wrap=True)
         cluster, node = _node_cluster(cluster_file)
         hardware = next((h.hardware for h in cluster.hosts if h.name == node), None) if cluster else None
-        cfg = accept.AcceptanceConfig(max_bytes=max_bytes, rdma=acceptance_rdma, peer=peer if acceptance_rdma else None)
+        cfg = accept.AcceptanceConfig(max_bytes=max_bytes, rdma=acceptance_rdma, peer=peer if acceptance_rdma else None,
+                                      dcgm_level=acceptance_dcgm_level)
         measured, report = accept.run(all_facts[0], cfg, hardware=hardware,
                                       progress=lambda m: err.print(f"[cyan]»[/] {m}"))  # fmt: skip
         results += measured

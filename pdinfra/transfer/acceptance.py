@@ -37,6 +37,7 @@ from typing import Any
 
 from pdinfra.cluster.profiles import PROFILES, Acceptance, acceptance_for_gpus
 from pdinfra.host.checks import CheckResult
+from pdinfra.transfer import dcgm
 from pdinfra.transfer.fmt import GIB, MIB, fmt_bytes
 
 PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
@@ -82,6 +83,7 @@ class AcceptanceConfig:
     rdma_bytes: int = 8 * MIB  # azurehpc-health-checks' ib_write_bw message size
     rdma_tcp_port: int = 18510  # ib_write_bw's out-of-band port of the first rail (+1 per rail)
     rdma_timeout_s: float = 120.0
+    dcgm_level: int = 1  # dcgmi diag -r LEVEL where DCGM is installed (pdinfra.transfer.dcgm); 0 skips it
 
 
 # --------------------------------------------------------------------------------------------------
@@ -605,6 +607,9 @@ def to_checks(report: dict[str, Any]) -> list[CheckResult]:
                 out.append(_collective_check(op, entry, n, meas, acc, source, host))
         out += _copy_checks(meas, n, acc, source, host)
     out += _rdma_checks(report.get("rdma") or {}, acc, source, host)
+    if report.get("dcgm"):
+        diag = dcgm.to_check(report["dcgm"], host)
+        out += [diag] if diag else []
     return out
 
 
@@ -692,6 +697,7 @@ def rdma_section(facts: dict[str, Any], cfg: AcceptanceConfig, rdma_exec: Callab
 
 def run(facts: dict[str, Any], cfg: AcceptanceConfig | None = None, *, hardware: str | None = None,
         measure: Callable[..., dict[str, Any]] | None = None, rdma_exec: Callable[..., dict[str, Any]] | None = None,
+        dcgm_exec: Callable[[list[str], float], tuple[int, str]] | None = None,
         which: Callable[[str], str | None] | None = None, probe: Callable[[list[str]], str] | None = None,
         pcie_path: Callable[[str], list[str]] | None = sysfs_pcie_path,
         progress: Any = None) -> tuple[list[CheckResult], dict[str, Any]]:  # fmt: skip
@@ -721,6 +727,9 @@ def run(facts: dict[str, Any], cfg: AcceptanceConfig | None = None, *, hardware:
             from pdinfra.transfer.accept_worker import measure_local as measure
         report["measurement"] = measure(plan, progress)
         report["rdma"] = rdma_section(facts, cfg, rdma_exec, which, probe, pcie_path, progress)
+        if progress and cfg.dcgm_level > 0:
+            progress(f"DCGM diagnostic: {' '.join(dcgm.diag_argv(cfg.dcgm_level))} where dcgmi is installed")
+        report["dcgm"] = dcgm.section(cfg.dcgm_level, which or _which, dcgm_exec)
     return to_checks(report), report
 
 
@@ -751,6 +760,8 @@ def main(argv: list[str] | None = None) -> int:
                     "else the SKU the GPU names match)")  # fmt: skip
     ap.add_argument("--cluster", default=NODE_FILE, help="the node's cluster model (for its hardware profile)")
     ap.add_argument("--output", "-o", help="also write the report (JSON) to this file")
+    ap.add_argument("--dcgm-level", type=int, default=1, choices=range(5),
+                    help="dcgmi diag -r LEVEL where DCGM is installed (default 1; 0 skips it)")
     args = ap.parse_args(argv)
     try:
         max_bytes = parse_size(args.max_bytes) if args.max_bytes else None
@@ -758,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     hardware = args.hardware or hardware_from_cluster(args.cluster)
     facts = gather("/")
-    cfg = AcceptanceConfig(max_bytes=max_bytes, rdma=args.rdma, peer=args.peer)
+    cfg = AcceptanceConfig(max_bytes=max_bytes, rdma=args.rdma, peer=args.peer, dcgm_level=args.dcgm_level)
     results, report = run(facts, cfg, hardware=hardware, progress=lambda m: print(f"» {m}", file=sys.stderr))
     text = json.dumps({"checks": [r.to_dict() for r in results], "report": report}, indent=1, default=str)
     if args.output:

@@ -314,6 +314,7 @@ BAD_VARS = {
         {"nvidia_driver_version": "570.1.2"},
         "nvidia_driver_version=570.1.2",
     ),
+    "dcgm_not_a_bool": ("nvidia_driver", {"nvidia_driver_dcgm": "maybe"}, "nvidia_driver_dcgm"),
     "mtu_20000": ("rdma_roce", {"rdma_roce_mtu": 20000}, "rdma_roce_mtu=20000"),
     "pfc_priority_9": ("rdma_roce", {"rdma_roce_pfc_priority": 9}, "rdma_roce_pfc_priority"),
     "nic_not_on_host": (
