@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from pdinfra import testhosts  # noqa: E402
 from pdinfra.cluster.inventory import load, load_cluster  # noqa: E402
+from pdinfra.playbook import run_playbook  # noqa: E402
 
 COUNTERS = {
     "requests": r"vllm:request_success_total",
@@ -72,13 +73,10 @@ def ssh(host, command: str, timeout: float = 900) -> subprocess.CompletedProcess
 
 def deploy_router(inventory: Path, policy: str | None, log: Path) -> float:
     extra = ["-e", f"pd_router_prefill_policy={policy}"] if policy else []
-    t0 = time.monotonic()
-    res = subprocess.run([str(REPO / ".venv/bin/ansible-playbook"), "-i", str(inventory), "playbooks/serving.yml",
-                          "--tags", "router", *extra], cwd=REPO, capture_output=True, text=True)  # fmt: skip
-    log.write_text(res.stdout + res.stderr)
-    if res.returncode != 0:
-        raise SystemExit(f"router deploy with {policy} failed: see {log}")
-    return time.monotonic() - t0
+    res = run_playbook(inventory, "playbooks/serving.yml", ["--tags", "router", *extra], log=log)
+    if res.rc != 0:
+        raise SystemExit(f"router deploy with {policy} failed (log: {log}):\n{res.summary()}")
+    return res.seconds
 
 
 def main() -> int:

@@ -1,31 +1,38 @@
-"""Run Ansible with the project's configuration: one helper for the CLI, the bench and the tests.
+"""Run Ansible with the project's configuration, through ansible-runner: one helper for the CLI, the bench and the
+tests.
 
-Long runs show one line per play and task with the elapsed time instead of Ansible's whole output (no
-``FAILED - RETRYING`` walls); the full output goes to a log file whose path is printed; a failed task's
-message and the recap are shown in full.
+ansible-runner starts ``ansible-playbook`` with its event callback; every play, task, per-host result and the
+recap arrive here as data (``PlaybookResult``), never as text to parse. Progress is drawn from those events: one
+line per play and per task that ran on some host (with its per-host outcome and duration), tasks skipped on every
+host folded into a count per play, a line as soon as a task has been running for ``LONG_TASK_S`` (the health waits),
+a failed task's host and message in full, and the recap. Everything Ansible printed goes to the run's log file and
+every event to ``<log>.events.jsonl`` next to it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
+import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pdinfra import paths
 
 Progress = Callable[[str], None]
-_TASK = re.compile(r"^(TASK|RUNNING HANDLER) \[(.*)\]")
-_PLAY = re.compile(r"^PLAY \[(.*)\]")
-_RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
-_FAILED = re.compile(r"^(fatal|failed): \[")
+LONG_TASK_S = 15.0  # a task running this long gets its line before it ends
+_RESULTS = {
+    "runner_on_ok": "ok",
+    "runner_on_failed": "failed",
+    "runner_on_skipped": "skipped",
+    "runner_on_unreachable": "unreachable",
+}
 
 
 class AnsibleMissing(RuntimeError):
@@ -57,15 +64,68 @@ def inventory_args(inventory: Path | str | list[Path | str]) -> list[str]:
 
 
 @dataclass
+class Task:
+    """One task (or handler) of the run and what it did on each host."""
+
+    play: str
+    name: str  # "role : task" as Ansible names it
+    handler: bool
+    start_s: float
+    end_s: float | None = None
+    # host -> ok, changed, failed, ignored, skipped or unreachable
+    hosts: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)  # host -> the result's message (debug, assert, fail)
+
+    @property
+    def ran(self) -> bool:
+        return any(s != "skipped" for s in self.hosts.values())
+
+
+@dataclass
+class Failure:
+    host: str  # "" when ansible-playbook stopped before any host (a parse error)
+    task: str
+    msg: str
+    unreachable: bool = False
+
+    def __str__(self) -> str:
+        where = f"{self.host}: " if self.host else ""
+        return f"{where}{self.task}: {self.msg}"
+
+
+@dataclass
 class PlaybookResult:
     rc: int
-    log: Path
-    recap: dict[str, dict[str, int]]
+    log: Path  # everything Ansible printed
+    recap: dict[str, dict[str, int]]  # host -> ok, changed, unreachable, failed, skipped, rescued, ignored
     seconds: float
+    tasks: list[Task] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    events: Path | None = None  # every ansible-runner event, one JSON object per line
+    output: list[str] = field(default_factory=list)  # what Ansible printed outside any task (its own errors)
 
     @property
     def changed(self) -> int:
         return sum(h["changed"] for h in self.recap.values())
+
+    def task_names(self, play: str | None = None) -> list[str]:
+        """Names of the tasks that ran on some host, in order (handlers included)."""
+        return [t.name for t in self.tasks if t.ran and (play is None or t.play == play)]
+
+    def changed_tasks(self) -> list[str]:
+        return [f"{h}: {t.name}" for t in self.tasks for h, s in t.hosts.items() if s == "changed"]
+
+    def mentions(self, text: str) -> bool:
+        """Whether any task's message or any failure says ``text``."""
+        return any(text in m for t in self.tasks for m in t.messages.values()) or any(
+            text in str(f) for f in self.failures
+        )
+
+    def summary(self, limit: int = 4000) -> str:
+        """For an error message: the failures (host, task, message), else the tail of the log."""
+        if self.failures:
+            return "\n".join(str(f) for f in self.failures)[-limit:]
+        return self.log.read_text(errors="replace")[-limit:] if self.log.exists() else ""
 
 
 def default_log(name: str) -> Path:
@@ -74,77 +134,237 @@ def default_log(name: str) -> Path:
     return d / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}.log"
 
 
+def result_message(res: dict[str, Any]) -> str:
+    """A task result's message: ``msg``, the failed loop items' messages, and stderr (or stdout) of a command."""
+    parts: list[str] = []
+    if res.get("msg"):
+        parts.append(str(res["msg"]))
+    for item in res.get("results") or []:
+        if isinstance(item, dict) and item.get("failed"):
+            parts.append(f"item {item.get('_ansible_item_label', item.get('item'))}: {result_message(item)}")
+    for key in ("stderr", "module_stderr", "stdout", "module_stdout"):
+        text = str(res.get(key) or "").strip()
+        if text and (key.endswith("stderr") or res.get("rc") not in (None, 0)) and text not in "\n".join(parts):
+            parts.append("\n".join(text.splitlines()[-15:]))
+            break
+    return "\n".join(parts)
+
+
+class _Run:
+    """The event handler of one run: keeps the tasks, failures and recap and prints the progress."""
+
+    def __init__(self, progress: Progress | None, log: Path, events: Path) -> None:
+        self.say = progress or (lambda _m: None)
+        self.t0 = time.monotonic()
+        self.tasks: list[Task] = []
+        self.failures: list[Failure] = []
+        self.recap: dict[str, dict[str, int]] = {}
+        self.output: list[str] = []
+        self.current: Task | None = None
+        self.announced = False
+        self.skipped_in_play = 0
+        self.log = open(log, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self.events = open(events, "w", encoding="utf-8")  # noqa: SIM115
+        self.play = ""
+
+    def elapsed(self) -> str:
+        return f"{time.monotonic() - self.t0:6.0f}s"
+
+    def close(self) -> None:
+        self._end_task()
+        self._end_play()
+        self.log.close()
+        self.events.close()
+
+    # -- ansible-runner's callbacks ------------------------------------------------------------------------------
+    def handle(self, event: dict[str, Any]) -> bool:
+        if event.get("stdout"):
+            self.log.write(event["stdout"] + "\n")
+            self.log.flush()
+        self.events.write(json.dumps(event, default=str) + "\n")
+        self._handle(event.get("event", ""), event.get("event_data") or {}, event)
+        return False  # ansible-runner need not write the event again, one file per event
+
+    def tick(self) -> bool:
+        """ansible-runner's cancel callback, called about every second: a long task gets its line before it ends.
+        Never cancels."""
+        t = self.current
+        if t and not self.announced and time.monotonic() - self.t0 - t.start_s >= LONG_TASK_S:
+            self.announced = True
+            self.say(f"{self.elapsed()}    {t.name} (running for {time.monotonic() - self.t0 - t.start_s:.0f} s)")
+        return False
+
+    # -- internals -------------------------------------------------------------------------------------------------
+    def _at(self, s: float) -> str:
+        return f"{s:6.0f}s"
+
+    def _handle(self, kind: str, data: dict[str, Any], event: dict[str, Any]) -> None:
+        if kind == "playbook_on_play_start":
+            self._end_task()
+            self._end_play()
+            self.play = data.get("name") or data.get("play") or ""
+            self.say(f"{self.elapsed()}  PLAY {self.play}")
+        elif kind == "playbook_on_task_start":
+            self._end_task()
+            role = data.get("role")
+            name = data.get("name") or data.get("task") or ""
+            self.current = Task(
+                play=self.play,
+                name=f"{role} : {name}" if role and not name.startswith(f"{role} : ") else name,
+                handler=bool(data.get("is_conditional")),
+                start_s=time.monotonic() - self.t0,
+            )
+            self.announced = False
+            self.tasks.append(self.current)
+        elif kind in _RESULTS:
+            self._result(kind, data)
+        elif kind == "playbook_on_stats":
+            self._end_task()
+            self._end_play()
+            self._stats(data)
+        elif kind in ("verbose", "warning", "deprecated", "error") and event.get("stdout"):
+            self.output.append(event["stdout"])
+
+    def _result(self, kind: str, data: dict[str, Any]) -> None:
+        task = self.current
+        host = str(data.get("host", ""))
+        res = data.get("res") or {}
+        status = _RESULTS[kind]
+        if status == "ok" and res.get("changed"):
+            status = "changed"
+        if status == "failed" and data.get("ignore_errors"):
+            status = "ignored"
+        if task is None:  # a result outside a task (ansible-playbook's own): keep it as a failure if it is one
+            task = Task(play=self.play, name=str(data.get("task", "")), handler=False, start_s=0.0)
+        task.hosts[host] = status
+        msg = result_message(res) if isinstance(res, dict) else str(res)
+        if msg:
+            task.messages[host] = msg
+        if status in ("failed", "unreachable"):
+            failure = Failure(host, task.name, msg or "(no message)", unreachable=status == "unreachable")
+            self.failures.append(failure)
+            word = "UNREACHABLE" if failure.unreachable else "FAILED"
+            self.say(f"{self.elapsed()}  {word} {host}: {task.name}")
+            for line in failure.msg.splitlines()[:60]:
+                self.say(f"      {line}")
+
+    def _end_task(self) -> None:
+        t = self.current
+        if t is None:
+            return
+        self.current = None
+        t.end_s = time.monotonic() - self.t0
+        if not t.ran:
+            self.skipped_in_play += 1
+            return
+        counts: dict[str, int] = {}
+        for s in t.hosts.values():
+            counts[s] = counts.get(s, 0) + 1
+        outcome = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
+        took = t.end_s - t.start_s
+        done = f"  {took:.0f} s" if took >= 1 else ""
+        self.say(f"{self._at(t.start_s)}    {t.name}  [{outcome}]{done}")
+
+    def _end_play(self) -> None:
+        if self.skipped_in_play:
+            n = self.skipped_in_play
+            self.say(f"{self.elapsed()}    ({n} task{'s' if n != 1 else ''} skipped on every host)")
+        self.skipped_in_play = 0
+
+    def _stats(self, data: dict[str, Any]) -> None:
+        keys = {"ok": "ok", "changed": "changed", "dark": "unreachable", "failures": "failed",
+                "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}  # fmt: skip
+        hosts = set().union(*(data.get(k) or {} for k in (*keys, "processed")))
+        for host in sorted(hosts):
+            self.recap[host] = {name: int((data.get(k) or {}).get(host, 0)) for k, name in keys.items()}
+            r = self.recap[host]
+            self.say(f"  {host:<12} ok={r['ok']} changed={r['changed']} unreachable={r['unreachable']} "
+                     f"failed={r['failed']} skipped={r['skipped']}")  # fmt: skip
+
+
 def run_playbook(
     inventory: Path | str | list[Path | str],
-    playbook: str = "site.yml",
+    playbook: str | Path = "site.yml",
     extra_args: list[str] | None = None,
     check: bool = False,
     log: Path | None = None,
     progress: Progress | None = None,
     timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
 ) -> PlaybookResult:
-    """Run a playbook of this repository. With ``progress``: one line per play/task with elapsed seconds, failures
-    and the recap in full; without: nothing printed. The whole output is always in ``log``."""
+    """Run a playbook (a path relative to the repository, or absolute) through ansible-runner. With ``progress``:
+    the lines described in the module's docstring; without: nothing printed. ``env`` is added to ``ansible_env()``.
+    A run past ``timeout_s`` is stopped and reported as a failure."""
+    import ansible_runner
+
     log = log or default_log(Path(playbook).stem + ("-check" if check else ""))
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [ansible_bin("ansible-playbook"), *inventory_args(inventory), str(paths.REPO / playbook)]
-    if check:
-        cmd.append("--check")
-    cmd += extra_args or []
-    env = ansible_env(ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1")
-    t0 = time.monotonic()
-    recap: dict[str, dict[str, int]] = {}
+    events = log.with_name(log.name.removesuffix(".log") + ".events.jsonl")
+    book = Path(playbook) if Path(playbook).is_absolute() else paths.REPO / playbook
+    args = [*inventory_args(inventory), *(["--check"] if check else []), *(extra_args or [])]
     say = progress or (lambda _m: None)
-    say(f"ansible-playbook {' '.join(cmd[1:])}  (full log: {log})")
-    in_failure = 0
-    with open(log, "w", encoding="utf-8") as fh:
-        fh.write(f"$ {' '.join(cmd)}\n")
-        proc = subprocess.Popen(cmd, cwd=paths.REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1)  # fmt: skip
-        assert proc.stdout is not None
+    log.write_text(f"$ ansible-playbook {shlex.join([*args, str(book)])}\n", encoding="utf-8")
+    say(f"ansible-playbook {shlex.join([*args, str(book)])}  (log: {log})")
+    run = _Run(progress, log, events)
+    # ansible-runner reads the run through pexpect; its read loop calls cancel_callback at least every
+    # pexpect_timeout seconds: the long-task lines come from there, without a thread. (The setting is read from
+    # env/settings only: ansible-runner 2.4.3 drops a settings= argument when that file is missing.)
+    ansible_path = Path(ansible_bin("ansible-playbook")).parent
+    with tempfile.TemporaryDirectory(prefix="pdinfra-runner-") as private:
+        (Path(private) / "env").mkdir()
+        (Path(private) / "env" / "settings").write_text("pexpect_timeout: 1\n")
         try:
-            for line in proc.stdout:
-                fh.write(line)
-                text = line.rstrip("\n")
-                elapsed = f"{time.monotonic() - t0:6.0f}s"
-                if m := _PLAY.match(text):
-                    in_failure = 0
-                    say(f"{elapsed}  PLAY {m.group(1)}")
-                elif m := _TASK.match(text):
-                    in_failure = 0
-                    say(f"{elapsed}    {m.group(2)}")
-                elif _FAILED.match(text):
-                    in_failure = 60
-                    say(text)
-                elif in_failure and text.strip():
-                    in_failure -= 1
-                    say("      " + text)
-                elif m := _RECAP.match(text):
-                    recap[m.group(1)] = dict(zip(("ok", "changed", "unreachable", "failed"),
-                                                 map(int, m.group(2, 3, 4, 5)), strict=True))  # fmt: skip
-                    say("  " + text)
-            rc = proc.wait(timeout=timeout_s)
-        except BaseException:
-            proc.kill()
-            raise
-    seconds = time.monotonic() - t0
-    say(f"ansible-playbook exited {rc} after {seconds:.0f} s; changed={sum(h['changed'] for h in recap.values())}"
-        f"; full log: {log}")  # fmt: skip
-    return PlaybookResult(rc, log, recap, seconds)
+            runner = ansible_runner.run(
+                private_data_dir=private, ident="run", project_dir=str(paths.REPO), playbook=str(book),
+                cmdline=shlex.join(args), quiet=True, suppress_env_files=True, event_handler=run.handle,
+                cancel_callback=run.tick,
+                envvars={**ansible_env(ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1",
+                                       PATH=f"{ansible_path}:{os.environ.get('PATH', '')}"), **(env or {})},
+                timeout=int(timeout_s) if timeout_s else None, fact_cache_type=None,
+            )  # fmt: skip
+            rc, status = int(runner.rc if runner.rc is not None else 1), runner.status
+            err = Path(private) / "artifacts" / "run" / "stderr"
+            stderr = err.read_text(errors="replace") if err.exists() else ""
+        finally:
+            run.close()
+    if status == "timeout":
+        run.failures.append(Failure("", "ansible-playbook", f"stopped after {timeout_s:.0f} s (the run's bound)"))
+        rc = rc or 124
+    if rc != 0 and not run.failures:  # stopped before any task (a parse error): its own words
+        words = [*run.output, *stderr.splitlines()]
+        run.failures.append(Failure("", "ansible-playbook", "\n".join(words[-20:]) or f"exited {rc}"))
+        for line in words[-20:]:
+            say(f"      {line}")
+    seconds = time.monotonic() - run.t0
+    result = PlaybookResult(rc, log, run.recap, seconds, run.tasks, run.failures, events, run.output)
+    say(f"ansible-playbook exited {rc} after {seconds:.0f} s; changed={result.changed}; log: {log}")
+    return result
 
 
 def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float = 600) -> dict:
-    """One ad-hoc module run on one inventory host; its result as Ansible's tree callback saved it
-    (``{"failed": True, "msg": ...}`` when Ansible left none)."""
-    with tempfile.TemporaryDirectory(prefix="pdinfra-adhoc-") as tree:
-        env = ansible_env(ANSIBLE_NOCOLOR="1", ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-                          ANSIBLE_CALLBACKS_ENABLED="tree", ANSIBLE_CALLBACK_TREE_DIR=tree)  # fmt: skip
-        cmd = [ansible_bin("ansible"), "-i", str(inventory), host, "-m", module, "-a", json.dumps(args)]
-        try:
-            res = subprocess.run(cmd, cwd=paths.REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return {"failed": True, "msg": f"ansible {module} on {host} did not finish within {timeout_s:.0f} s"}
-        try:
-            return json.loads((Path(tree) / host).read_text())
-        except (OSError, ValueError):
-            return {"failed": True, "msg": (res.stdout + res.stderr)[-2000:]}
+    """One ad-hoc module run on one inventory host, through ansible-runner: the module's result
+    (``{"failed": True, "msg": ...}`` when there is none)."""
+    import ansible_runner
+
+    results: list[dict] = []
+
+    def keep(event: dict[str, Any]) -> bool:
+        if event.get("event") in _RESULTS and (event.get("event_data") or {}).get("host") == host:
+            results.append(dict(event["event_data"].get("res") or {}, _status=_RESULTS[event["event"]]))
+        return False
+
+    with tempfile.TemporaryDirectory(prefix="pdinfra-adhoc-") as private:
+        runner = ansible_runner.run(
+            private_data_dir=private, ident="run", host_pattern=host, module=module, module_args=json.dumps(args),
+            inventory=str(inventory), quiet=True, suppress_env_files=True, event_handler=keep,
+            envvars=ansible_env(ANSIBLE_NOCOLOR="1"), timeout=int(timeout_s), fact_cache_type=None,
+        )  # fmt: skip
+        status = runner.status
+    if results:
+        res = results[-1]
+        if res.pop("_status") in ("failed", "unreachable"):
+            res["failed"] = True
+        return res
+    if status == "timeout":
+        return {"failed": True, "msg": f"ansible {module} on {host} did not finish within {timeout_s:.0f} s"}
+    return {"failed": True, "msg": f"ansible {module} on {host} gave no result (ansible-runner status {status})"}

@@ -4,14 +4,11 @@ tests/unit/test_serving_render.py and the e2e test that feeds the rendered units
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from pdinfra.playbook import ansible_env
+from pdinfra.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 HGX = REPO / "inventory" / "examples" / "hgx-h100" / "hosts.yml"
 
 PLAY = """
@@ -76,9 +73,7 @@ def render(tmp_path_factory, inventory: Path, *extra: str) -> Path:
     out = tmp_path_factory.mktemp("units")
     play = out / "render.yml"
     play.write_text(PLAY.format(repo=REPO, out=out))
-    env = ansible_env()
     args = [a for e in extra for a in ("-e", e)]
-    res = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), *args, str(play)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    res = run_playbook(inventory, play, args, log=tmp_path_factory.mktemp("ansible") / "render.log", timeout_s=300)
+    assert res.rc == 0, res.summary()
     return out

@@ -126,7 +126,7 @@ def deploy(source: Path, p: Plan, log_dir: Path, progress: Callable[[str], None]
     res = run_playbook(source, "site.yml", ["--tags", TAGS], log=log_dir / "deploy.log", timeout_s=3600,
                        progress=progress)  # fmt: skip
     if res.rc != 0:
-        tail = res.log.read_text(errors="replace")[-3000:]
+        tail = res.summary(3000)
         raise ApplyError(f"the serving play failed after the inventory was changed (log: {res.log}; the diff to "
                          f"revert: {log_dir / 'change.diff'}):\n{tail}")  # fmt: skip
     return res.log

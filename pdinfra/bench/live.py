@@ -93,7 +93,7 @@ class LayoutDeployer:
                                                         "-e", "vllm_instance_rolling=false"],
                            log=self.log_dir / f"deploy-{layout}.log", timeout_s=3600)  # fmt: skip
         if res.rc != 0:
-            tail = res.log.read_text(errors="replace")[-3000:]
+            tail = res.summary(3000)
             raise LiveBenchError(f"deploying the {layout} layout failed (log: {res.log}):\n{tail}")
         self.current = layout
         self.warm_up(layout)

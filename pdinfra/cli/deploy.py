@@ -55,10 +55,13 @@ def check_config_cmd(
 
 
 def run_playbook(inventory: Path, extra: list[str] | None = None, check: bool = False) -> int:
-    """Run site.yml: one line per step with its elapsed time; the full Ansible log goes to out/logs/."""
+    """Run site.yml: one line per play and task with its elapsed time (from ansible-runner's events); the full
+    Ansible log and the events go to out/logs/."""
+    from rich.markup import escape
+
     from pdinfra.playbook import run_playbook as run
 
-    return run(inventory, "site.yml", extra, check=check, progress=step).rc
+    return run(inventory, "site.yml", extra, check=check, progress=lambda m: step(escape(m))).rc
 
 
 def deploy_cmd(

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pdinfra import paths, testhosts
-from pdinfra.playbook import ansible_env
+from pdinfra.playbook import PlaybookResult, ansible_env, run_playbook
 from pdinfra.serving import smoke
 from pdinfra.testhosts import nspawn
 
@@ -48,16 +48,17 @@ def run(args: list[str], log: str, timeout: float = 1800, check: bool = False, e
     return res
 
 
-def recap(output: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP of ansible-playbook -> {host: {ok, changed, failed, ...}}."""
-    out: dict[str, dict[str, int]] = {}
-    for m in re.finditer(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", output, re.M):
-        out[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
-    return out
+def playbook(*extra: str, log: str, inventory: Path | list[Path] = INV, book: str = "site.yml",
+             timeout: float = 1800) -> PlaybookResult:  # fmt: skip
+    """ansible-playbook through pdinfra.playbook (ansible-runner): the recap, tasks and failures as data; Ansible's
+    output in out/e2e/<log>.log, its events in out/e2e/<log>.events.jsonl."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    return run_playbook(inventory, book, list(extra), log=LOG_DIR / f"{log}.log", timeout_s=timeout)
 
 
-def playbook(*extra: str, log: str, inventory: Path = INV, book: str = "site.yml") -> subprocess.CompletedProcess:
-    return run([str(BIN / "ansible-playbook"), "-i", str(inventory), book, *extra], log=log)
+def unchanged(res: PlaybookResult) -> bool:
+    """The run succeeded and changed nothing on any host."""
+    return res.rc == 0 and res.changed == 0 and not res.changed_tasks()
 
 
 def conformance(inventory: Path, log: str) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 from api_cases import CASES, api_of, assert_still_serving
-from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, REPO, conformance, playbook, recap, run
+from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, REPO, conformance, playbook, run, unchanged
 from render_units import HGX, render
 
 from pdinfra import testhosts
@@ -60,18 +60,16 @@ def test_smoke_proves_kv_moved_across_the_two_nodes(cluster):
 
 def test_second_converge_changes_nothing(cluster):
     res = playbook(log="20-converge-again")
-    assert res.returncode == 0, res.stdout[-4000:]
-    rc = recap(res.stdout)
-    assert {"node1", "node2"} <= set(rc), res.stdout[-2000:]
-    changed = {h: v["changed"] for h, v in rc.items() if v["changed"]}
-    assert changed == {}, f"not idempotent: {changed}; see {LOG_DIR}/20-converge-again.log"
+    assert res.rc == 0, res.summary()
+    assert {"node1", "node2"} <= set(res.recap), res.recap
+    assert res.changed_tasks() == [], f"not idempotent; see {LOG_DIR}/20-converge-again.log"
 
 
 def test_check_mode_on_converged_nodes_is_clean(cluster):
     res = playbook("--check", log="30-check-mode")
-    assert res.returncode == 0, res.stdout[-4000:]
-    rc = recap(res.stdout)
-    assert all(v["changed"] == 0 and v["failed"] == 0 for v in rc.values()), rc
+    assert res.rc == 0, res.summary()
+    assert res.recap and all(v["changed"] == 0 and v["failed"] == 0 for v in res.recap.values()), res.recap
+    assert res.changed_tasks() == []
 
 
 def test_address_not_on_the_node_fails_before_any_change(cluster, tmp_path):
@@ -82,10 +80,12 @@ def test_address_not_on_the_node_fails_before_any_change(cluster, tmp_path):
         hosts_yml.read_text().replace("pdinfra_address: 198.18.0.12/24", "pdinfra_address: 198.18.0.99/24")
     )
     res = playbook(log="40-bad-address", inventory=hosts_yml)
-    assert res.returncode != 0
-    out = res.stdout + res.stderr
-    assert "pdinfra_address: 198.18.0.99/24 is not an address of node2" in out, out[-3000:]
-    assert "pd_runtime" not in out  # stopped in preflight, before any role ran
+    assert res.rc != 0
+    (failure,) = [f for f in res.failures if "is not an address" in f.msg]
+    assert failure.host == "node2", failure
+    assert "pdinfra_address: 198.18.0.99/24 is not an address of node2" in failure.msg, failure
+    # stopped in preflight, before any role ran
+    assert not [t for t in res.task_names() if t.startswith("pd_runtime : ")], res.task_names()
 
 
 def test_conformance_suite_passes_against_the_nodes(cluster):
@@ -237,7 +237,7 @@ def aggregated(cluster):
 
     res = playbook("--tags", LAYOUT_TAGS, "-e", "pdinfra_layout=agg", "-e", "vllm_instance_rolling=false",
                    log="69-agg-layout")  # fmt: skip
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.rc == 0, res.summary()
     return api_of(INV)
 
 
@@ -353,29 +353,29 @@ def test_host_layer_with_rail_netdevs_converges_idempotently(cluster):
     converge again with changed=0, --check clean, and the files a RoCE rail needs are on the nodes.
     Hardware steps (apply netplan/sysctls, QoS, GIDs, driver packages) are not exercised: see the inventory."""
     testhosts.create(testhosts.from_inventory(load([INV, RAILS])))  # adds rail0 inside each running node
-    args = [str(BIN / "ansible-playbook"), "-i", str(INV), "-i", str(RAILS), "playbooks/host.yml"]
     try:
-        _converge_rails(cluster, args)
+        _converge_rails(cluster)
     finally:
         # Back to the local cluster's own host configuration: the rails' UCX environment (rc_x, mlx5_0) would
         # break the next start of every instance (UCX "Destination is unreachable"), as it did in CI once.
-        back = run([str(BIN / "ansible-playbook"), "-i", str(INV), "playbooks/host.yml"], log="84-host-back")
-    assert back.returncode == 0, back.stdout[-3000:]
+        back = playbook(log="84-host-back", book="playbooks/host.yml")
+    assert back.rc == 0, back.summary()
     for host in cluster["hosts"]:
         res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), "cat /etc/pdinfra/ucx.env"],
                   log=f"85-ucx-back-{host.name}", check=True)  # fmt: skip
         assert "UCX_TLS=tcp,sm,self" in res.stdout and "UCX_NET_DEVICES" not in res.stdout, res.stdout
 
 
-def _converge_rails(cluster, args: list[str]) -> None:
-    first = run(args, log="80-host-rails")
-    assert first.returncode == 0, first.stdout[-4000:]
-    assert "rdma_roce: writing configuration only" in first.stdout
-    assert "nvidia_driver: nothing to do" in first.stdout and "container" in first.stdout
-    again = run(args, log="81-host-rails-again")
-    assert again.returncode == 0 and all(v["changed"] == 0 for v in recap(again.stdout).values()), again.stdout[-3000:]
-    check = run([*args, "--check"], log="82-host-rails-check")
-    assert check.returncode == 0 and all(v["changed"] == 0 for v in recap(check.stdout).values()), check.stdout[-3000:]
+def _converge_rails(cluster) -> None:
+    rails = [INV, RAILS]
+    first = playbook(log="80-host-rails", inventory=rails, book="playbooks/host.yml")
+    assert first.rc == 0, first.summary()
+    assert first.mentions("rdma_roce: writing configuration only"), first.task_names()
+    assert first.mentions("nvidia_driver: nothing to do") and first.mentions("container"), first.task_names()
+    again = playbook(log="81-host-rails-again", inventory=rails, book="playbooks/host.yml")
+    assert unchanged(again), (again.summary(), again.changed_tasks())
+    check = playbook("--check", log="82-host-rails-check", inventory=rails, book="playbooks/host.yml")
+    assert unchanged(check), (check.summary(), check.changed_tasks())
     key = testhosts.ssh_key()
     for host in cluster["hosts"]:
         ip = {"node1": "198.19.1.11", "node2": "198.19.1.12"}[host.name]

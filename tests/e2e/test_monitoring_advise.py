@@ -121,7 +121,7 @@ def tight_inventory(tmp_path, cluster) -> Path:
     gv.write_text(text.replace("  ttft_ms: 2000\n  itl_p99_ms: 50\n", tight))
     yield dest / "hosts.yml"
     res = playbook("--tags", "serving,monitoring", log="advise-apply-restore")
-    assert res.returncode == 0, f"redeploying the repository's inventory failed: {res.stdout[-3000:]}"
+    assert res.rc == 0, f"redeploying the repository's inventory failed: {res.summary(3000)}"
 
 
 def test_advise_apply_turns_a_decode_instance_into_prefill_and_measures_again(cluster, tight_inventory):

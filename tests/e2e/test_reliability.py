@@ -19,10 +19,8 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import (
-    BIN,
     E2E_MARKS,
     INSTANCES,
-    INV,
     LOG_DIR,
     PROMPTS,
     REQUEST_TIMEOUT_S,
@@ -39,9 +37,9 @@ from e2e_helpers import (
     healthy,
     node,
     on,
-    recap,
+    playbook,
     router_health,
-    run,
+    unchanged,
     wait_until,
 )
 
@@ -444,11 +442,10 @@ def test_a_failed_roll_stops_with_the_rest_still_serving(cluster, refs):
     there, and the instances not yet rolled keep their process and keep serving."""
     ensure_all_healthy()
     before = _main_pids(cluster)
-    res = run([str(BIN / "ansible-playbook"), "-i", str(INV), "playbooks/serving.yml",
-               "-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}, "vllm_instance_health_timeout_s": 3}'],
-              log="c1-roll-failing")  # fmt: skip
-    assert res.returncode != 0, res.stdout[-3000:]
-    assert re.search(r"Wait for /health of prefill0.*\n.*FAILED", res.stdout) or "prefill0" in res.stdout
+    res = playbook("-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}, "vllm_instance_health_timeout_s": 3}',
+                   log="c1-roll-failing", book="playbooks/serving.yml")  # fmt: skip
+    assert res.rc != 0, res.summary()
+    assert res.failures and all("prefill0" in f.task for f in res.failures), res.summary()
     after = _main_pids(cluster)
     assert after["prefill0"] != before["prefill0"], "the first instance of the roll was restarted"
     assert after["decode1"] == before["decode1"] and after["decode0"] == before["decode0"], (before, after)
@@ -465,14 +462,15 @@ def test_rerunning_resumes_the_roll_one_instance_at_a_time(cluster, refs):
     while the single prefill instance restarted: docs/reliability.md.)"""
     ensure_all_healthy()
     before = _main_pids(cluster)
-    res = run([str(BIN / "ansible-playbook"), "-i", str(INV), "playbooks/serving.yml",
-               "-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}'], log="c2-roll-resumed")  # fmt: skip
-    assert res.returncode == 0, res.stdout[-4000:]
-    order = re.findall(r"TASK \[vllm_instance : Restart \(the router's health check routes around it meanwhile\) "
-                       r"pdinfra-vllm-(\w+)\.service\]", res.stdout)  # fmt: skip
-    assert order == ["prefill0", "decode1", "decode0"], order
-    probes = re.findall(r"TASK \[vllm_instance : Deep health .* of (\w+)\]", res.stdout)
-    assert probes == order, probes
+    res = playbook("-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}', log="c2-roll-resumed",
+                   book="playbooks/serving.yml")  # fmt: skip
+    assert res.rc == 0, res.summary()
+    restart = "vllm_instance : Restart (the router's health check routes around it meanwhile) pdinfra-vllm-"
+    names = res.task_names()
+    order = [n.removeprefix(restart).removesuffix(".service") for n in names if n.startswith(restart)]
+    assert order == ["prefill0", "decode1", "decode0"], names
+    probes = [n.rsplit(" of ", 1)[1] for n in names if n.startswith("vllm_instance : Deep health ")]
+    assert probes == order, names
     after = _main_pids(cluster)
     assert all(after[n] != before[n] for n in before), (before, after)
     ensure_all_healthy()
@@ -480,6 +478,6 @@ def test_rerunning_resumes_the_roll_one_instance_at_a_time(cluster, refs):
         status, body = complete(ROUTER, p, api_key())
         assert status == 200 and body["choices"][0]["text"] == ref, body
     # Converged: nothing pending, the same command changes nothing.
-    again = run([str(BIN / "ansible-playbook"), "-i", str(INV), "playbooks/serving.yml",
-                 "-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}'], log="c3-roll-converged")  # fmt: skip
-    assert again.returncode == 0 and all(v["changed"] == 0 for v in recap(again.stdout).values()), again.stdout[-3000:]
+    again = playbook("-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}', log="c3-roll-converged",
+                     book="playbooks/serving.yml")  # fmt: skip
+    assert unchanged(again), (again.summary(), again.changed_tasks())

@@ -13,6 +13,7 @@ import pytest
 
 from pdinfra.bench import advise, apply
 from pdinfra.cluster.inventory import load_cluster
+from pdinfra.playbook import Failure, PlaybookResult
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "inventory" / "local"
@@ -84,7 +85,8 @@ def play(monkeypatch):
         runs.append({"source": source, "playbook": playbook, "extra": extra})
         log.write_text("PLAY [serving]\nStop and disable those instances\n")
         progress("PLAY serving")
-        return SimpleNamespace(rc=fake.rc, log=log)
+        failures = [Failure("node1", "vllm_instance : Wait for /health of prefill1", "timed out")] if fake.rc else []
+        return PlaybookResult(rc=fake.rc, log=log, recap={}, seconds=1.0, failures=failures)
 
     fake.rc = 0
     monkeypatch.setattr(apply, "run_playbook", fake)
@@ -137,7 +139,7 @@ def test_declined_writes_nothing_and_runs_nothing(inv, cluster, play, tmp_path):
 def test_yes_does_not_ask_and_a_failed_play_fails_with_the_diff_to_revert(inv, cluster, play, tmp_path):
     play.fake.rc = 2
     con = Recorder()
-    with pytest.raises(apply.ApplyFailed, match=r"the serving play failed .*change\.diff"):
+    with pytest.raises(apply.ApplyFailed, match=r"(?s)the serving play failed .*change\.diff.*node1: .*prefill1"):
         apply.apply_advice(inv, advice_for(cluster, advise.retarget(cluster, "decode", "prefill")), "1m", con,
                            yes=True, log_dir=tmp_path / "logs")  # fmt: skip
     assert "confirm" not in con.kinds() and "waiting" not in con.kinds()

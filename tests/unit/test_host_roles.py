@@ -15,11 +15,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jinja2
@@ -254,38 +252,26 @@ def test_rdma_roce_net_helpers():
 
 
 def _ansible_env(tmp: Path) -> dict:
-    from pdinfra.playbook import ansible_env
-
-    return ansible_env(
-        ANSIBLE_ROLES_PATH=str(ROLES),
-        ANSIBLE_HOME=str(tmp / "ansible-home"),
-        ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"),
-        ANSIBLE_NOCOLOR="1",
-        ANSIBLE_FORCE_COLOR="0",
-    )
+    return {
+        "ANSIBLE_ROLES_PATH": str(ROLES),
+        "ANSIBLE_HOME": str(tmp / "ansible-home"),
+        "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
+    }
 
 
-def _play(tmp: Path, playbook: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [
-        str(ANSIBLE_PLAYBOOK),
-        "-i",
+def _play(tmp: Path, playbook: Path, *args: str, env: dict | None = None):
+    """The playbook on localhost through pdinfra.playbook (ansible-runner): a PlaybookResult."""
+    from pdinfra.playbook import run_playbook
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    return run_playbook(
         "localhost,",
-        "-c",
-        "local",
-        "-e",
-        f"ansible_python_interpreter={sys.executable}",
-        str(playbook),
-        *args,
-    ]
-    return subprocess.run(
-        cmd, cwd=REPO, env={**_ansible_env(tmp), **(env or {})}, capture_output=True, text=True, timeout=180
+        playbook,
+        ["-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", *args],
+        log=tmp / f"{playbook.stem}-{len(list(tmp.glob('*.log')))}.log",
+        timeout_s=180,
+        env={**_ansible_env(tmp), **(env or {})},
     )
-
-
-def _recap(output: str) -> dict[str, int]:
-    match = re.search(r"localhost\s+:\s+(.*)", output)
-    assert match, output[-3000:]
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
 
 
 def pytestmark_ansible(fn):
@@ -296,15 +282,11 @@ def pytestmark_ansible(fn):
 
 @pytestmark_ansible
 def test_host_playbook_syntax_check(tmp_path):
-    proc = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(INVENTORY / "hosts.yml"), "playbooks/host.yml", "--syntax-check"],
-        cwd=REPO,
-        env=_ansible_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from pdinfra.playbook import run_playbook
+
+    res = run_playbook(INVENTORY / "hosts.yml", "playbooks/host.yml", ["--syntax-check"], log=tmp_path / "syntax.log",
+                       timeout_s=120, env=_ansible_env(tmp_path))  # fmt: skip
+    assert res.rc == 0, res.summary()
 
 
 BAD_VARS = {
@@ -331,11 +313,11 @@ BAD_VARS = {
 
 @pytest.fixture(scope="module")
 def bad_var_runs(tmp_path_factory):
-    """Run every bad-variable case at once (they are independent) to keep the file fast."""
+    """One run per bad-variable case (in turn: ansible-runner drives each through a pty, which a multi-threaded
+    process should not fork)."""
     tmp = tmp_path_factory.mktemp("badvars")
-
-    def run(case):
-        role, overrides, _ = BAD_VARS[case]
+    runs = {}
+    for case, (role, overrides, _) in BAD_VARS.items():
         book = tmp / f"{case}.yml"
         book.write_text(
             yaml.safe_dump(
@@ -343,26 +325,23 @@ def bad_var_runs(tmp_path_factory):
             )
         )
         # --check as a second safety net: even a broken guard could not change this machine.
-        return case, _play(tmp, book, "--check", "-e", json.dumps(overrides))
-
-    with ThreadPoolExecutor(max_workers=len(BAD_VARS)) as pool:
-        return dict(pool.map(run, BAD_VARS))
+        runs[case] = _play(tmp / case, book, "--check", "-e", json.dumps(overrides))
+    return runs
 
 
 @pytestmark_ansible
 @pytest.mark.parametrize("case", sorted(BAD_VARS))
 def test_bad_variables_fail_at_role_entry(bad_var_runs, case):
     role, _, needle = BAD_VARS[case]
-    proc = bad_var_runs[case]
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-3000:]
-    assert needle in out, out[-3000:]
-    recap = _recap(out)
-    assert recap["failed"] == 1 and recap["changed"] == 0, recap
+    res = bad_var_runs[case]
+    assert res.rc != 0, res.summary()
+    (failure,) = res.failures
+    assert failure.host == "localhost" and needle in failure.msg, failure
+    assert res.recap["localhost"]["failed"] == 1 and res.recap["localhost"]["changed"] == 0, res.recap
     # The failure is the role's entry validation, before any task that could change something.
-    tasks = re.findall(r"^TASK \[([^\]]+)\]", proc.stdout, flags=re.M)
+    tasks = res.task_names()
     assert tasks[0] == "Gathering Facts", tasks
-    assert not re.search(r"^changed: \[", proc.stdout, flags=re.M), proc.stdout[-3000:]
+    assert res.changed_tasks() == []
     assert all(t.startswith(f"{role} : ") and ("Validat" in t or "Check" in t) for t in tasks[1:]), tasks
 
 
@@ -408,18 +387,18 @@ def test_host_play_check_converge_idempotent(tmp_path):
     }
 
     check = _play(tmp_path, book, "--check", *args, env=cache)
-    assert check.returncode == 0, check.stdout[-4000:] + check.stderr[-2000:]
+    assert check.rc == 0, check.summary()
     assert not (out / "etc/pdinfra/ucx.env").exists(), "--check wrote a file"
 
     # preflight is read-only (every task changed_when false) and fully ran in --check above.
     first = _play(tmp_path, book, "--skip-tags", "preflight", *args, env=cache)
-    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
-    assert _recap(first.stdout)["changed"] > 0
+    assert first.rc == 0, first.summary()
+    assert first.recap["localhost"]["changed"] > 0
     env = (out / "etc/pdinfra/ucx.env").read_text()
     assert "UCX_NET_DEVICES=mlx5_0:1" in env and "UCX_TLS=rc_x,cuda_ipc,cuda_copy,tcp,self,sm" in env
     assert sorted(p.name for p in (out / "etc/pdinfra").iterdir()) == ["ucx-gpu0.env", "ucx-gpu1.env", "ucx.env"]
     assert (out / "etc/netplan/60-pdinfra-rails.yaml").stat().st_mode & 0o777 == 0o600
 
     second = _play(tmp_path, book, "--skip-tags", "preflight", *args, env=cache)
-    assert second.returncode == 0, second.stdout[-4000:]
-    assert _recap(second.stdout)["changed"] == 0, second.stdout[-4000:]
+    assert second.rc == 0, second.summary()
+    assert second.recap["localhost"]["changed"] == 0 and second.changed_tasks() == [], second.changed_tasks()

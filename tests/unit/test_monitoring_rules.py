@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdinfra.playbook import ansible_env
+from pdinfra.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -52,9 +52,8 @@ PLAY = """
 def render(tmp: Path, inventory: Path) -> Path:
     play = tmp / "render.yml"
     play.write_text(PLAY.format(repo=REPO, out=tmp))
-    res = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(play)], cwd=REPO,
-                         env=ansible_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    res = run_playbook(inventory, play, log=tmp / "render.log", timeout_s=300)
+    assert res.rc == 0, res.summary()
     return tmp
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pdinfra.playbook import ansible_env
+from pdinfra.playbook import PlaybookResult, run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -33,24 +33,19 @@ def inventory(tmp_path):
     return inv
 
 
-def site(inv: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = ansible_env(ANSIBLE_NOCOLOR="1")
-    return subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inv / "hosts.yml"), "site.yml", *extra],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+def site(inv: Path, *extra: str) -> PlaybookResult:
+    return run_playbook(inv / "hosts.yml", "site.yml", list(extra), log=inv.parent / "site.log", timeout_s=300)
 
 
-def assert_stopped_before_hosts(res: subprocess.CompletedProcess, needle: str) -> None:
+def assert_stopped_before_hosts(res: PlaybookResult, needle: str) -> None:
     """The run failed in the controller-side resolve task: no host was contacted (no fact gathering, nothing ok,
     nothing unreachable), only the run_once resolve result is attributed to the first host."""
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out[-2000:]
-    assert needle in out, out[-3000:]
-    assert "UNREACHABLE" not in out and "Gathering Facts" not in out, out[-2000:]
-    recap = re.findall(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
-    assert recap and all(ok == changed == unreachable == "0" for _, ok, changed, unreachable, _f in recap), recap
-    assert sum(int(f) for *_, f in recap) == 1, recap
+    assert res.rc != 0, res.summary()
+    (failure,) = res.failures
+    assert needle in failure.msg and not failure.unreachable, failure
+    assert "Gathering Facts" not in res.task_names(), res.task_names()
+    assert res.recap and all(r["ok"] == r["changed"] == r["unreachable"] == 0 for r in res.recap.values()), res.recap
+    assert sum(r["failed"] for r in res.recap.values()) == 1, res.recap
 
 
 def test_unknown_connector(inventory):
@@ -111,7 +106,7 @@ def test_malformed_yaml_points_at_file_line_and_column(inventory):
     assert f"{hv}:" in res.stderr and "YAML error" in res.stderr, res.stderr
     assert re.search(re.escape(str(hv)) + r":\d+:\d+: YAML error", res.stderr), res.stderr
     out = site(inventory)
-    assert out.returncode != 0 and "node2.yml" in out.stdout + out.stderr, (out.stdout + out.stderr)[-2000:]
+    assert out.rc != 0 and any("node2.yml" in f.msg for f in out.failures), out.summary()
 
 
 def test_malformed_hosts_file_is_not_an_empty_inventory(inventory):
@@ -121,13 +116,8 @@ def test_malformed_hosts_file_is_not_an_empty_inventory(inventory):
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 2 and f"{hosts}:" in res.stderr and "no hosts in group" not in res.stderr, res.stderr
     out = site(inventory)
-    text = out.stdout + out.stderr
-    assert out.returncode != 0 and "hosts.yml" in text and "UNREACHABLE" not in text, text[-2000:]
-
-
-def _problems_from_site(text: str) -> list[str]:
-    return sorted(line.strip()[2:] for line in text.splitlines() if line.strip().startswith("- host ")
-                  or line.strip().startswith("- pdinfra_") or line.strip().startswith("- rdma_roce"))  # fmt: skip
+    assert out.rc != 0 and any("hosts.yml" in f.msg for f in out.failures), out.summary()
+    assert not any(f.unreachable for f in out.failures) and not out.task_names(), out.summary()
 
 
 def test_check_config_and_site_give_the_same_answer(inventory):
@@ -142,7 +132,7 @@ def test_check_config_and_site_give_the_same_answer(inventory):
     for needle in ("host node1: pdinfra_instances[0].port: must be a port number in 1..65535, not 80000",
                    "host node1: rdma_roce_mtu: must be in 1280..9216, not 11000"):  # fmt: skip
         assert needle in cli.stderr.replace("\n", " ") or needle in cli.stderr, cli.stderr
-        assert needle in play.stdout + play.stderr, (play.stdout + play.stderr)[-3000:]
+        assert needle in play.failures[0].msg, play.summary()
 
 
 def test_recorded_check_config_run_in_the_docs_is_still_what_it_prints():

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import getpass
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from pdinfra import paths
+from pdinfra.playbook import PlaybookResult, run_playbook
 
 pytestmark = pytest.mark.slow
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -31,7 +31,7 @@ PLAY = """- hosts: localhost
 """
 
 
-def _play(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+def _play(tmp_path: Path, **env: str) -> PlaybookResult:
     book = tmp_path / "play.yml"
     book.write_text(PLAY)
     # PATH without sudo, as on CI's machine: only this venv and the basic system directories
@@ -39,15 +39,14 @@ def _play(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     full = dict(os.environ, ANSIBLE_CONFIG=str(paths.REPO / "ansible.cfg"), PATH=path, ANSIBLE_NOCOLOR="1", **env)
     if os.path.exists("/usr/bin/sudo") or os.path.exists("/bin/sudo"):
         pytest.skip("sudo is installed here: the shim's case needs a controller without it")
-    return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "localhost,", str(book)], cwd=paths.REPO, env=full,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return run_playbook("localhost,", book, log=tmp_path / "play.log", timeout_s=120, env=full)
 
 
 def test_site_runs_through_mitogen_with_become_on_the_controller(tmp_path):
     res = _play(tmp_path, ANSIBLE_STRATEGY="pdinfra_linear")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    assert "mitogen is not importable" not in res.stdout + res.stderr  # the controller extras install it
-    assert f"ran as {getpass.getuser()}" in res.stdout, res.stdout[-2000:]
+    assert res.rc == 0, res.summary()
+    assert not any("mitogen is not importable" in line for line in res.output), res.output  # the extras install it
+    assert res.mentions(f"ran as {getpass.getuser()}"), res.tasks
 
 
 def test_mitogen_unshimmed_still_stacks_sudo_on_a_local_become(tmp_path):
@@ -57,4 +56,4 @@ def test_mitogen_unshimmed_still_stacks_sudo_on_a_local_become(tmp_path):
 
     strategy_dir = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
     res = _play(tmp_path, ANSIBLE_STRATEGY="mitogen_linear", ANSIBLE_STRATEGY_PLUGINS=str(strategy_dir))
-    assert res.returncode != 0 and "sudo" in res.stdout + res.stderr, res.stdout[-3000:]
+    assert res.rc != 0 and any("sudo" in f.msg for f in res.failures), res.summary()

@@ -1,0 +1,154 @@
+"""pdinfra.playbook: Ansible driven through ansible-runner, its outcome read from events, never from text.
+
+The fast tests feed the event handler the events ansible-runner emits (their shape as ansible-runner 2.4.3 sends
+them); the slow ones run real plays on localhost: a failing task's host and message, an ignored failure, tasks
+skipped everywhere, a playbook Ansible cannot parse, a run past its bound, and an ad-hoc module.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdinfra.playbook import Failure, _Run, adhoc, result_message, run_playbook
+
+
+def _events(run: _Run, *events: tuple[str, dict]) -> None:
+    for kind, data in events:
+        run.handle({"event": kind, "event_data": data, "stdout": ""})
+
+
+def _task(name: str, role: str | None = None) -> tuple[str, dict]:
+    return "playbook_on_task_start", {"name": name, "task": name, **({"role": role} if role else {})}
+
+
+def test_events_give_tasks_failures_recap_and_folded_progress(tmp_path):
+    lines: list[str] = []
+    run = _Run(lines.append, tmp_path / "x.log", tmp_path / "x.events.jsonl")
+    _events(
+        run,
+        ("playbook_on_play_start", {"name": "Serving"}),
+        _task("Install", "pd_runtime"),
+        ("runner_on_ok", {"host": "node1", "res": {"changed": True}}),
+        ("runner_on_ok", {"host": "node2", "res": {"changed": False}}),
+        _task("Only on GPU hosts", "pd_runtime"),
+        ("runner_on_skipped", {"host": "node1"}),
+        ("runner_on_skipped", {"host": "node2"}),
+        _task("Probe", "vllm_instance"),
+        ("runner_on_failed", {"host": "node2", "ignore_errors": True, "res": {"msg": "tolerated"}}),
+        ("runner_on_failed", {"host": "node1", "res": {"msg": "no /health after 3 s", "rc": 1, "stderr": "boom"}}),
+        ("playbook_on_stats", {"ok": {"node1": 3, "node2": 2}, "changed": {"node1": 1}, "failures": {"node1": 1},
+                               "skipped": {"node1": 1, "node2": 1}, "dark": {}, "processed": {"node1": 1}}),
+    )  # fmt: skip
+    run.close()
+    assert [t.name for t in run.tasks] == ["pd_runtime : Install", "pd_runtime : Only on GPU hosts",
+                                           "vllm_instance : Probe"]  # fmt: skip
+    assert run.tasks[0].hosts == {"node1": "changed", "node2": "ok"}
+    assert run.tasks[2].hosts == {"node2": "ignored", "node1": "failed"}
+    assert run.failures == [Failure("node1", "vllm_instance : Probe", "no /health after 3 s\nboom")]
+    assert run.recap["node1"] == {"ok": 3, "changed": 1, "unreachable": 0, "failed": 1, "skipped": 1, "rescued": 0,
+                                  "ignored": 0}  # fmt: skip
+    assert run.recap["node2"]["failed"] == 0 and run.recap["node2"]["ok"] == 2
+    text = "\n".join(lines)
+    assert "PLAY Serving" in text and "pd_runtime : Install  [changed 1, ok 1]" in text
+    assert "Only on GPU hosts" not in text and "(1 task skipped on every host)" in text  # folded
+    assert "FAILED node1: vllm_instance : Probe" in text and "      no /health after 3 s" in text
+    assert "node1        ok=3 changed=1 unreachable=0 failed=1 skipped=1" in text
+    # Every event is kept, one JSON object per line.
+    assert len((tmp_path / "x.events.jsonl").read_text().splitlines()) == 11
+
+
+def test_a_long_task_gets_its_line_before_it_ends(tmp_path, monkeypatch):
+    import pdinfra.playbook as pb
+
+    lines: list[str] = []
+    run = _Run(lines.append, tmp_path / "x.log", tmp_path / "x.events.jsonl")
+    _events(run, ("playbook_on_play_start", {"name": "p"}), _task("Wait for /health"))
+    assert run.tick() is False and not any("Wait" in x for x in lines)  # never cancels; not long yet
+    monkeypatch.setattr(pb, "LONG_TASK_S", 0.0)
+    run.tick()
+    run.tick()
+    assert sum("Wait for /health (running for" in x for x in lines) == 1
+    run.close()
+
+
+def test_result_message_names_the_failed_items_and_the_command_output():
+    res = {"msg": "One or more items failed", "results": [
+        {"item": "a", "_ansible_item_label": "a", "failed": False, "msg": ""},
+        {"item": "b", "_ansible_item_label": "b", "failed": True, "msg": "non-zero return code", "rc": 2,
+         "stderr": "line1\nline2"}]}  # fmt: skip
+    msg = result_message(res)
+    assert msg.startswith("One or more items failed\nitem b: non-zero return code") and "line2" in msg
+    assert "item a" not in msg
+    assert result_message({"rc": 3, "stdout": "out only"}) == "out only"
+    assert result_message({"rc": 0, "stdout": "fine"}) == ""
+
+
+# ----------------------------------------------------------------------------- real plays on localhost
+LOCAL = ["-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
+PLAY = [{"name": "A play that fails", "hosts": "all", "gather_facts": False, "tasks": [
+    {"name": "Say something", "ansible.builtin.debug": {"msg": "hello from the play"}},
+    {"name": "Never on this host", "ansible.builtin.debug": {"msg": "x"}, "when": False},
+    {"name": "Tolerated failure", "ansible.builtin.command": "false", "ignore_errors": True},
+    {"name": "Check the variable", "ansible.builtin.assert": {
+        "that": ["pdinfra_x is defined"], "fail_msg": "host {{ inventory_hostname }}: pdinfra_x is not set"}},
+    {"name": "Not reached", "ansible.builtin.debug": {"msg": "y"}},
+]}]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_failing_play_reports_the_host_and_the_message(tmp_path):
+    book = tmp_path / "play.yml"
+    book.write_text(json.dumps(PLAY))
+    lines: list[str] = []
+    res = run_playbook("localhost,", book, LOCAL, log=tmp_path / "play.log", progress=lines.append, timeout_s=120)
+    assert res.rc == 2
+    assert res.failures == [Failure("localhost", "Check the variable", "host localhost: pdinfra_x is not set")]
+    assert res.task_names() == ["Say something", "Tolerated failure", "Check the variable"]
+    assert res.tasks[2].hosts == {"localhost": "ignored"} and res.mentions("hello from the play")
+    assert res.recap["localhost"] == {"ok": 2, "changed": 1, "unreachable": 0, "failed": 1, "skipped": 1,
+                                      "rescued": 0, "ignored": 1}  # fmt: skip
+    text = "\n".join(lines)
+    assert "FAILED localhost: Check the variable" in text and "host localhost: pdinfra_x is not set" in text
+    assert "Never on this host" not in text and "(1 task skipped on every host)" in text
+    # Ansible's own output and every event are kept next to each other.
+    assert "pdinfra_x is not set" in res.log.read_text()
+    events = [json.loads(x)["event"] for x in res.events.read_text().splitlines()]
+    assert events.count("runner_on_failed") == 2 and events[-1] == "playbook_on_stats"
+
+
+@pytest.mark.slow
+def test_an_inventory_ansible_cannot_parse_is_a_failure_in_its_own_words(tmp_path):
+    bad = tmp_path / "hosts.yml"
+    bad.write_text("all:\n  hosts:\n    node1: [\n")
+    book = tmp_path / "play.yml"
+    book.write_text(json.dumps(PLAY))
+    res = run_playbook(bad, book, log=tmp_path / "play.log", timeout_s=120)
+    assert res.rc != 0 and not res.tasks and not res.recap
+    (failure,) = res.failures
+    assert failure.host == "" and str(bad) in failure.msg, failure
+
+
+@pytest.mark.slow
+def test_a_run_past_its_bound_is_stopped_and_says_so(tmp_path):
+    book = tmp_path / "slow.yml"
+    book.write_text(json.dumps([{"hosts": "all", "gather_facts": False,
+                                 "tasks": [{"name": "Sleep", "ansible.builtin.command": "sleep 60"}]}]))  # fmt: skip
+    res = run_playbook("localhost,", book, LOCAL, log=tmp_path / "slow.log", timeout_s=5)
+    assert res.rc != 0 and res.seconds < 40
+    assert any("stopped after 5 s" in f.msg for f in res.failures), res.failures
+
+
+@pytest.mark.slow
+def test_adhoc_returns_the_module_result(tmp_path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(json.dumps({"all": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))  # fmt: skip
+    ok = adhoc(inv, "localhost", "ansible.builtin.command", {"cmd": "echo hi"}, timeout_s=120)
+    assert ok["stdout"] == "hi" and not ok.get("failed")
+    bad = adhoc(inv, "localhost", "ansible.builtin.command", {"cmd": "false"}, timeout_s=120)
+    assert bad["failed"] and bad["rc"] == 1
+    assert Path(inv).exists()
