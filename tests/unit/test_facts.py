@@ -236,21 +236,32 @@ def test_firmware_and_library_versions_for_the_fleet_view(recorded: dict, synthe
     assert facts["ucx"]["version"] == "1.19.0"
 
 
-def test_facts_module_imports_only_the_standard_library_at_module_level() -> None:
-    tree = ast.parse(Path(F.__file__).read_text(encoding="utf-8"), feature_version=(3, 10))
-    top = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
+FACT_PARTS = ("facts", "facts_base", "facts_gpu", "facts_net")
+
+
+@pytest.mark.parametrize("part", FACT_PARTS)
+def test_facts_parts_import_only_the_standard_library_and_each_other(part: str) -> None:
+    """At module level; the parts import each other as Ansible module_utils on a managed host, else from pdinfra."""
+    tree = ast.parse((Path(F.__file__).parent / f"{part}.py").read_text(encoding="utf-8"), feature_version=(3, 10))
+    top, siblings = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and node in tree.body:
             top |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif isinstance(node, ast.ImportFrom) and node.module and node.col_offset == 0:
             top.add(node.module.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(("ansible", "pdinfra")):
+            siblings.add(node.module)
     assert top - {"__future__"} <= set(sys.stdlib_module_names)
+    ansible = {m.removeprefix("ansible.module_utils.pdinfra_") for m in siblings if m.startswith("ansible.")}
+    own = {m.removeprefix("pdinfra.host.") for m in siblings if m.startswith("pdinfra.")}
+    assert ansible == own and own <= set(FACT_PARTS) - {part}, siblings  # the same names both ways
 
 
-def test_module_utils_symlink_points_at_facts() -> None:
-    link = REPO / "module_utils" / "pdinfra_facts.py"
-    assert link.is_symlink() and os.readlink(link) == "../pdinfra/host/facts.py"
-    assert link.resolve() == Path(F.__file__).resolve()
+@pytest.mark.parametrize("part", FACT_PARTS)
+def test_module_utils_symlinks_point_at_the_facts_parts(part: str) -> None:
+    link = REPO / "module_utils" / f"pdinfra_{part}.py"
+    assert link.is_symlink() and os.readlink(link) == f"../pdinfra/host/{part}.py"
+    assert link.resolve() == (Path(F.__file__).parent / f"{part}.py").resolve()
 
 
 def test_nvml_recorder_records_what_this_host_has(tmp_path: Path) -> None:

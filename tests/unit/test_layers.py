@@ -61,9 +61,15 @@ def test_no_module_imports_a_later_layer():
     assert not bad, "\n".join(bad)
 
 
+FACT_PARTS = ("facts", "facts_base", "facts_gpu", "facts_net")
+
+
 def test_host_facts_stay_free_of_pdinfra_imports():
-    """facts.py is also the Ansible module pdinfra_facts (module_utils links to it): stdlib only."""
-    assert imports(PKG / "host" / "facts.py") == []
+    """facts.py and its parts are also the Ansible module pdinfra_facts (module_utils links to them): they import
+    each other and the standard library only."""
+    for part in FACT_PARTS:
+        others = {t for t, _line in imports(PKG / "host" / f"{part}.py")}
+        assert others <= {f"pdinfra.host.{p}" for p in FACT_PARTS}, (part, others)
 
 
 def test_the_checker_sees_a_violation(tmp_path):

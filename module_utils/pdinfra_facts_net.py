@@ -1,0 +1,1 @@
+../pdinfra/host/facts_net.py
