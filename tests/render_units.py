@@ -19,7 +19,8 @@ PLAY = """
   hosts: pd_cluster
   connection: local
   gather_facts: false
-  vars_files: ["{repo}/roles/vllm_instance/defaults/main.yml", "{repo}/roles/pd_kv_store/defaults/main.yml",
+  vars_files: ["{repo}/roles/vllm_instance/defaults/main.yml", "{repo}/roles/vllm_instance/vars/main.yml",
+               "{repo}/roles/pd_kv_store/defaults/main.yml",
                "{repo}/roles/pd_router/defaults/main.yml"]
   vars:
     ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
@@ -64,6 +65,12 @@ PLAY = """
       ansible.builtin.template:
         src: "{repo}/roles/pd_router/templates/pdinfra-router.service.j2"
         dest: "{out}/{{{{ inventory_hostname }}}}-router.service"
+        mode: "0644"
+      when: pdinfra_node.router is not none
+    - name: The gateway's nginx configuration
+      ansible.builtin.template:
+        src: "{repo}/roles/pd_router/templates/gateway.conf.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-gateway.conf"
         mode: "0644"
       when: pdinfra_node.router is not none
 """

@@ -267,6 +267,12 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
             f"request {pct} {_fmt(s.get('e2e_q_s'))}, queue {_fmt(s.get('queue_s'))}, "
             f"waiting {_fmt(s.get('waiting'), '')}, KV cache {_fmt(s.get('kv_usage'), '%')}"
         )
+    if layout == "pd" and rate > 0:  # the routing decision: conditional disaggregation serves short ones on decode
+        via = (p.get("requests_per_s") or 0.0) / rate
+        below = cluster.router.aggregate_below_bytes if cluster.router else 0
+        evidence.append(f"through a prefill: {via * 100:.0f}% of the requests"
+                        + (f" (bodies under {below} bytes are served by a decode instance alone: "
+                           "pdinfra_pd_aggregate_below_bytes)" if below else ""))  # fmt: skip
     tt_slo = None if slo.ttft_ms is None else slo.ttft_ms / 1000
     itl_slo = None if slo.itl_p99_ms is None else slo.itl_p99_ms / 1000
     evidence.append(f"client TTFT {pct} {'<= ' if layout == 'pd' else ''}{_fmt(ttft)}"

@@ -250,6 +250,11 @@ def server_summary(record: dict[str, Any], layout: str, completed: int | None) -
         peak_kv = _peak_role(instances, role, "kv_cache_usage")
         out[f"{role}_peak_kv_usage"] = peak_kv
     if layout == "pd":
+        # The share of the requests that went through a prefill: all of them, unless the gateway's conditional
+        # disaggregation (pdinfra_pd_aggregate_below_bytes) served short ones on a decode instance alone.
+        via_prefill = _sum_role(instances, ("prefill",), "delta", "request_success")
+        served = _sum_role(instances, ("decode",), "delta", "request_success")
+        out["via_prefill_share"] = via_prefill / served if via_prefill is not None and served else None
         # The decode side pulls the KV cache (NIXL READ), so its counters hold the transfers.
         xfers = _sum_role(instances, ("decode",), "delta", "nixl_xfer_count")
         nbytes = _sum_role(instances, ("decode",), "delta", "nixl_bytes")

@@ -154,6 +154,7 @@ def server_table(ra: RunAnalysis) -> Table:
     cols = [
         *KEY_COLUMNS,
         "prefix hit",
+        "via prefill",
         "queue ms (agg or P/D)",
         "peak waiting (agg or P/D)",
         "peak KV use (agg or P/D)",
@@ -174,6 +175,7 @@ def server_table(ra: RunAnalysis) -> Table:
             [
                 *_key_cols(c),
                 fmt_pct(s("prefix_hit_ratio")),
+                fmt_pct(s("via_prefill_share")) if c.layout == "pd" else "-",
                 "/".join(fmt(s(f"{r}_queue_ms")) for r in roles),
                 "/".join(fmt(s(f"{r}_peak_waiting"), 0) for r in roles),
                 "/".join(fmt_pct(s(f"{r}_peak_kv_usage")) for r in roles),

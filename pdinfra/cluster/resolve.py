@@ -33,7 +33,7 @@ from pdinfra.cluster.checker import (  # noqa: F401
     show,
     suggest,
 )
-from pdinfra.cluster.model import Cluster, Host, Instance, KVStore, Monitoring, Router, Secrets
+from pdinfra.cluster.model import Cluster, Host, Instance, KVStore, Monitoring, Router, Secrets, numbers_below_regex
 from pdinfra.cluster.resolve_hosts import (  # noqa: F401
     EXPECT_KEYS,
     _address,
@@ -359,6 +359,11 @@ def _routers_pass(inv: InventoryView, s: Settings, hosts: list[Host],
         host = next(x for x in hosts if x.name == r)
         port = host_value(inv.ck, hv, r, "pdinfra_router_port")
         port = PDINFRA["pdinfra_router_port"].default if port is None else port
+        below = host_value(inv.ck, hv, r, "pdinfra_pd_aggregate_below_bytes") or 0
+        if below and s.lmcache_pd:
+            inv.ck.add("pdinfra_pd_aggregate_below_bytes", "conditional disaggregation needs decode instances that "
+                       "compute prompts alone (pdinfra_connector nixl or mooncake), not lmcache", r)  # fmt: skip
+            below = 0
         metrics = role_value(hv, "pd_router_prometheus_port")
         address = host.address or str(hv.get("ansible_host") or r)
         prefills = [i for i in all_instances if i.role == "prefill"]
@@ -370,6 +375,7 @@ def _routers_pass(inv: InventoryView, s: Settings, hosts: list[Host],
             decode=tuple(i.url for i in all_instances if i.role == "decode"), connector=s.connector,
             prefill_bootstrap_ports=tuple(i.side_channel_port for i in prefills) if s.mooncake_pd else (),
             lmcache_notify_port=s.notify_port if s.lmcache_pd else 0,
+            aggregate_below_bytes=int(below), aggregate_body_regex=numbers_below_regex(int(below)),
         ))  # fmt: skip
     routed = [Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)})
               for h in hosts]  # fmt: skip

@@ -150,6 +150,12 @@ PDINFRA_VARS: tuple[Var, ...] = (
     _f("pdinfra_model", "dict", "The model every instance serves.", required=True, fields=MODEL_FIELDS),
     _f("pdinfra_venv", "str", "The serving virtual environment on every node.", default="/opt/pdinfra/venv"),
     _f("pdinfra_router_port", "port", "The router's client-facing port.", default=8000, scope="router"),
+    _f("pdinfra_pd_aggregate_below_bytes", "int", "Conditional disaggregation (layout `pd`): a completion or chat "
+       "request whose body is shorter than this many bytes is served by a decode instance alone, which computes its "
+       "prompt itself, the rest through prefill. The body's size stands for the prompt's length (about 4 bytes a "
+       "token of English text, plus about 150 bytes of JSON). 0: every request through prefill. Recommended from a "
+       "measured sweep: `benchmarks/conditional_pd.py` (docs/benchmarking.md).", default=0, min=0,
+       max=16_777_216, scope="router"),
     _f("pdinfra_api_key", "str", "API key clients must present to the router; the instances require it too and the "
        "router's PD hops send it (from the router's environment). Keep it in ansible-vault; never logged, written only "
        "to root-only files. Empty: no key.", default="", secret=True),
@@ -300,7 +306,7 @@ ROLE_PATTERNS: dict[str, tuple[str, str]] = {
 # setting them in the inventory would bypass the model, so resolve refuses them.
 DERIVED_ROLE_VARS: dict[str, str] = {
     "vllm_instance_list": "pdinfra_instances", "pd_firewall_rules": "pdinfra_instances",
-    "vllm_instance_runtime_id": "the serving packages", "vllm_instance_kv_store_config": "pdinfra_kv_store",
+    "vllm_instance_kv_store_config": "pdinfra_kv_store",
     "pd_kv_store_config": "pdinfra_kv_store", "pd_router_kv_connector": "pdinfra_connector",
 }
 

@@ -74,8 +74,14 @@ class SmokeResult:
 
 
 # ----------------------------------------------------------------------------- HTTP helpers
+# Sent with every request of the smoke, the probe and `bench latency`: their proofs are about PD, so the gateway's
+# conditional disaggregation (pdinfra_pd_aggregate_below_bytes), which serves short requests on a decode instance
+# alone, must not take their short prompts off the PD path. Clients can send it too (docs/reliability.md).
+FORCE_PD = ("X-Pdinfra-Route", "pd")
+
+
 def _request(url: str, body: dict | None, api_key: str, timeout: float) -> urllib.request.Request:
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", FORCE_PD[0]: FORCE_PD[1]}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     data = json.dumps(body).encode() if body is not None else None

@@ -96,6 +96,8 @@ def test_within_the_slo_keeps_the_layout_and_shows_its_evidence(cluster):
     assert a.verdict == "within-slo" and not a.actions, a
     assert a.ttft_s == pytest.approx(0.4)  # prefill request P90 + decode TTFT P90 (attainment 0.9)
     assert any("decode (2 instances, 2 up throughout)" in e and "ITL P99 30 ms" in e for e in a.evidence), a.evidence
+    # the routing decision: the share of requests a prefill computed (all of them without conditional routing)
+    assert any(e.startswith("through a prefill: ") and "%" in e for e in a.evidence), a.evidence
     assert a.queries["ttft_q_s"].startswith("histogram_quantile(0.9,") and "[10m]" in a.queries["ttft_q_s"]
     assert a.slo.startswith("TTFT <= 2000 ms, ITL P99 <= 50 ms")
 

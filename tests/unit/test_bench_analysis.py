@@ -251,3 +251,16 @@ def test_reanalysis_is_identical(tmp_path):
     t1 = [t.markdown() for t in Rep.tables(A.analyze_run(RUN))]
     t2 = [t.markdown() for t in Rep.tables(A.analyze_run(RUN))]
     assert t1 == t2
+
+
+def test_server_summary_measures_the_share_of_requests_through_prefill():
+    """Conditional disaggregation serves short requests on a decode instance alone: the report shows the share that
+    went through a prefill (prefill's finished requests over the decodes')."""
+    from pdinfra.bench.points import server_summary
+
+    def inst(role, done):
+        return {"role": role, "delta": {"request_success": done}}
+
+    record = {"metrics": {"instances": {"p0": inst("prefill", 16), "d0": inst("decode", 40), "d1": inst("decode", 24)}}}
+    assert server_summary(record, "pd", 64)["via_prefill_share"] == 0.25
+    assert "via_prefill_share" not in server_summary({"metrics": {"instances": {"a": inst("agg", 9)}}}, "agg", 9)

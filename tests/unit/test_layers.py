@@ -79,3 +79,23 @@ def test_the_checker_sees_a_violation(tmp_path):
     bad.write_text("from pdinfra.bench import plan\n")
     (target,) = imports(bad)
     assert LAYERS.index(layer_of(target[0])) > LAYERS.index(layer_of("pdinfra.cluster.bad"))
+
+
+def test_the_architecture_document_states_the_enforced_layer_order():
+    """docs/architecture.md's layer table: its rows in LAYERS' order, and each layer may import exactly the layers
+    before it (the rule test_no_module_imports_a_later_layer enforces)."""
+    import re
+
+    text = (PKG.parent / "docs" / "architecture.md").read_text()
+    table = text.split("| layer | may import | touches |", 1)[1].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:] if line.startswith("|")]
+    names = [re.match(r"`(\w+)`", r[0]).group(1) for r in rows]
+    assert names == LAYERS, names
+    for i, (name, (_, may, _touches)) in enumerate(zip(names, rows, strict=True)):
+        if may == "base only" or may == "every layer":
+            allowed = ["base"] if may == "base only" else LAYERS[:i]
+        elif m := re.fullmatch(r"base to (\w+)", may):
+            allowed = LAYERS[: LAYERS.index(m.group(1)) + 1]
+        else:
+            allowed = [x.strip() for x in may.split(",")]
+        assert allowed == (LAYERS[:i] or ["base"]), (name, may)

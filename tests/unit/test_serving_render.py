@@ -288,3 +288,22 @@ def test_lmcaches_loader_check_sees_a_misspelt_key(lmcache_python, tmp_path):
 def test_lmcaches_loader_check_sees_a_bad_value(lmcache_python, tmp_path):
     res = _load(lmcache_python, tmp_path, "pd_buffer_size: 1e9\n")  # PyYAML reads 1e9 as a string: LMCache -> None
     assert res.returncode != 0 and "assert self.pd_buffer_size is not None" in res.stderr, res.stderr[-2000:]
+
+
+def test_conditional_disaggregation_routes_short_bodies_to_the_decodes(tmp_path_factory, rendered):
+    """pdinfra_pd_aggregate_below_bytes: the gateway maps completion and chat requests by Content-Length; off by
+    default (no map, every request through vllm-router). The regex is the model's (test_cluster_resolve)."""
+    import re
+
+    assert "pdinfra_aggregate" not in (rendered / "hgx-h100-01-gateway.conf").read_text()
+    out = render(tmp_path_factory, INV, '{"pdinfra_pd_aggregate_below_bytes": 2048}')
+    conf = (out / "hgx-h100-01-gateway.conf").read_text()
+    (line,) = [x for x in conf.splitlines() if x.strip().startswith('"~^/v1/(chat/)?completions:')]
+    rx = re.compile(line.strip().split('"')[1][1:])  # nginx's key: $uri:$content_length:$http_x_pdinfra_route
+    assert rx.match("/v1/completions:2047:") and rx.match("/v1/chat/completions:150:")
+    assert not rx.match("/v1/completions:2048:") and not rx.match("/v1/models:10:")
+    assert not rx.match("/v1/completions::") and not rx.match("/v1/completions:100:pd")  # chunked; forced PD
+    assert "error_page 418 = @aggregated;" in conf and "location @aggregated {" in conf
+    assert conf.count("server 198.18.") >= 2  # the decode instances, shared with the degraded path
+    agg = render(tmp_path_factory, INV, '{"pdinfra_pd_aggregate_below_bytes": 2048, "pdinfra_layout": "agg"}')
+    assert "pdinfra_aggregate" not in (agg / "hgx-h100-01-gateway.conf").read_text()  # agg: nothing to split
