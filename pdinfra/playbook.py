@@ -163,6 +163,9 @@ class _Run:
         self.current: Task | None = None
         self.announced = False
         self.skipped_in_play = 0
+        # host -> "item X: message" of the loop items that failed in the current task (runner_item_on_failed: the
+        # task's own result lists its items without saying which failed)
+        self.failed_items: dict[str, list[str]] = {}
         self.log = open(log, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self.events = open(events, "w", encoding="utf-8")  # noqa: SIM115
         self.play = ""
@@ -218,6 +221,11 @@ class _Run:
             self.tasks.append(self.current)
         elif kind in _RESULTS:
             self._result(kind, data)
+        elif kind == "runner_item_on_failed" and not data.get("ignore_errors"):
+            res = data.get("res") or {}
+            label = res.get("_ansible_item_label", res.get("item"))
+            self.failed_items.setdefault(str(data.get("host", "")), []).append(
+                f"item {label}: {result_message(res) or '(no message)'}")
         elif kind == "playbook_on_stats":
             self._end_task()
             self._end_play()
@@ -238,6 +246,9 @@ class _Run:
             task = Task(play=self.play, name=str(data.get("task", "")), handler=False, start_s=0.0)
         task.hosts[host] = status
         msg = result_message(res) if isinstance(res, dict) else str(res)
+        items = self.failed_items.pop(host, [])
+        if status == "failed" and items:
+            msg = "\n".join([msg, *[i for i in items if i not in msg]]) if msg else "\n".join(items)
         if msg:
             task.messages[host] = msg
         if status in ("failed", "unreachable"):

@@ -40,15 +40,21 @@ def test_events_give_tasks_failures_recap_and_folded_progress(tmp_path):
         _task("Probe", "vllm_instance"),
         ("runner_on_failed", {"host": "node2", "ignore_errors": True, "res": {"msg": "tolerated"}}),
         ("runner_on_failed", {"host": "node1", "res": {"msg": "no /health after 3 s", "rc": 1, "stderr": "boom"}}),
+        _task("Write each instance's environment", "vllm_instance"),
+        ("runner_item_on_failed", {"host": "node2",
+                                   "res": {"_ansible_item_label": "decode0", "msg": "'x' is undefined"}}),
+        ("runner_on_failed", {"host": "node2", "res": {"msg": "One or more items failed", "results": [{"item": 1}]}}),
         ("playbook_on_stats", {"ok": {"node1": 3, "node2": 2}, "changed": {"node1": 1}, "failures": {"node1": 1},
                                "skipped": {"node1": 1, "node2": 1}, "dark": {}, "processed": {"node1": 1}}),
     )  # fmt: skip
     run.close()
-    assert [t.name for t in run.tasks] == ["pd_runtime : Install", "pd_runtime : Only on GPU hosts",
-                                           "vllm_instance : Probe"]  # fmt: skip
+    assert [t.name for t in run.tasks][:3] == ["pd_runtime : Install", "pd_runtime : Only on GPU hosts",
+                                               "vllm_instance : Probe"]  # fmt: skip
     assert run.tasks[0].hosts == {"node1": "changed", "node2": "ok"}
     assert run.tasks[2].hosts == {"node2": "ignored", "node1": "failed"}
-    assert run.failures == [Failure("node1", "vllm_instance : Probe", "no /health after 3 s\nboom")]
+    assert run.failures == [Failure("node1", "vllm_instance : Probe", "no /health after 3 s\nboom"),
+                            Failure("node2", "vllm_instance : Write each instance's environment",
+                                    "One or more items failed\nitem decode0: 'x' is undefined")]  # fmt: skip
     assert run.recap["node1"] == {"ok": 3, "changed": 1, "unreachable": 0, "failed": 1, "skipped": 1, "rescued": 0,
                                   "ignored": 0}  # fmt: skip
     assert run.recap["node2"]["failed"] == 0 and run.recap["node2"]["ok"] == 2
@@ -58,7 +64,7 @@ def test_events_give_tasks_failures_recap_and_folded_progress(tmp_path):
     assert "FAILED node1: vllm_instance : Probe" in text and "      no /health after 3 s" in text
     assert "node1        ok=3 changed=1 unreachable=0 failed=1 skipped=1" in text
     # Every event is kept, one JSON object per line.
-    assert len((tmp_path / "x.events.jsonl").read_text().splitlines()) == 11
+    assert len((tmp_path / "x.events.jsonl").read_text().splitlines()) == 14
 
 
 def test_a_long_task_gets_its_line_before_it_ends(tmp_path, monkeypatch):
@@ -118,6 +124,19 @@ def test_a_failing_play_reports_the_host_and_the_message(tmp_path):
     assert "pdinfra_x is not set" in res.log.read_text()
     events = [json.loads(x)["event"] for x in res.events.read_text().splitlines()]
     assert events.count("runner_on_failed") == 2 and events[-1] == "playbook_on_stats"
+
+
+@pytest.mark.slow
+def test_a_failed_loop_item_is_named_with_its_message(tmp_path):
+    book = tmp_path / "loop.yml"
+    book.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": [
+        {"name": "Each item", "ansible.builtin.command": "sh -c 'echo bad {{ item }} >&2; exit {{ item }}'",
+         "loop": [0, 4]}]}]))  # fmt: skip
+    res = run_playbook("localhost,", book, LOCAL, log=tmp_path / "loop.log", timeout_s=120)
+    (failure,) = res.failures
+    assert failure.host == "localhost" and failure.task == "Each item", failure
+    assert "item 4: The command exited with a non-zero return code.\nbad 4" in failure.msg, failure.msg
+    assert "item 0" not in failure.msg
 
 
 @pytest.mark.slow
