@@ -36,12 +36,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pdinfra import testhosts  # noqa: E402
-from pdinfra.bench.points import percentile  # noqa: E402
+from pdinfra.bench.points import Detail, percentile  # noqa: E402
 from pdinfra.cluster.inventory import load, load_cluster  # noqa: E402
 from pdinfra.cluster.slo import SLO  # noqa: E402
 from pdinfra.playbook import run_playbook  # noqa: E402
 
 REMOTE = "/tmp/pdinfra-conditional"
+PY = "/opt/pdinfra/venv/bin/python"
 
 
 def ssh(host, command: str, timeout: float = 1800, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -69,15 +70,14 @@ def bench_argv(cluster, input_len: int, name: str, num: int, concurrency: int, s
                output_len: int) -> list[str]:  # fmt: skip
     """One stream of the mixed workload: vLLM bench's random prompts of about ``input_len`` tokens (the node's
     vLLM has no pandas, which its `custom` JSONL dataset needs)."""
-    slo = SLO.from_dict(cluster.slo)
-    goodput = [f"ttft:{slo.ttft_ms:g}"] if slo.ttft_ms else []
-    return ["/opt/pdinfra/venv/bin/python", "-m", "pdinfra.serving.vllm_bench", "serve", "--backend", "vllm",
+    goodput = SLO.from_dict(cluster.slo).goodput_args()  # every per-request bound the inventory sets
+    return [PY, "-m", "pdinfra.serving.vllm_bench", "serve", "--backend", "vllm",
             "--base-url", cluster.router.url, "--endpoint", "/v1/completions", "--model", cluster.model.name,
             "--tokenizer", cluster.model.path, "--dataset-name", "random", "--random-input-len", str(input_len),
             "--random-output-len", str(output_len), "--random-range-ratio", "0.1", "--num-prompts", str(num),
             "--max-concurrency", str(concurrency), "--seed", str(seed), "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-            *(["--goodput", *goodput] if goodput else []), "--save-result", "--save-detailed",
+            *goodput, "--save-result", "--save-detailed",
             "--result-dir", REMOTE, "--result-filename", name]  # fmt: skip
 
 
@@ -85,14 +85,17 @@ def run_mixed(host, cluster, args, tag: str, seed: int, scale: float = 1.0) -> t
     """The short and the long stream at once (one mixed workload); their raw results."""
     n_short = max(2, int(args.num_prompts * args.short_share * scale))
     n_long = max(1, int(args.num_prompts * (1 - args.short_share) * scale))
-    cmds = []
+    streams = []
     for kind, length, n, conc in (("short", args.short_len, n_short, args.short_concurrency),
                                   ("long", args.long_len, n_long, args.long_concurrency)):  # fmt: skip
         argv = bench_argv(cluster, length, f"{tag}-{kind}.json", n, conc, seed, args.output_len)
-        cmds.append(" ".join(argv) + f" >{REMOTE}/{tag}-{kind}.log 2>&1 & ")
-    script = (f"mkdir -p {REMOTE} && " + "".join(cmds) + "wait; "
-              f"for k in short long; do echo '=== '$k; cat {REMOTE}/{tag}-$k.json || tail -30 {REMOTE}/{tag}-$k.log; "
-              "echo; done")  # fmt: skip
+        out = f"{REMOTE}/{tag}-{kind}"
+        streams.append(f"({' '.join(argv)} >{out}.log 2>&1; echo $? >{out}.rc) & ")
+    # An earlier run's files with the same tag go first, and a stream's JSON is read only when it exited 0: a
+    # stream that failed is never read from an old result.
+    script = (f"mkdir -p {REMOTE} && rm -f {REMOTE}/{tag}-short.* {REMOTE}/{tag}-long.* && {''.join(streams)}wait; "
+              f"for k in short long; do echo '=== '$k; if [ \"$(cat {REMOTE}/{tag}-$k.rc)\" = 0 ]; "
+              f"then cat {REMOTE}/{tag}-$k.json; else tail -30 {REMOTE}/{tag}-$k.log; fi; echo; done")  # fmt: skip
     out = ssh(host, script).stdout
     parts = dict(p.split("\n", 1) for p in out.split("=== ")[1:])
     try:
@@ -102,21 +105,21 @@ def run_mixed(host, cluster, args, tag: str, seed: int, scale: float = 1.0) -> t
 
 
 def summarize(short: dict, long_: dict, slo: SLO) -> dict:
-    """The two streams as one workload: goodput over the longer of the two durations."""
-    def ms(raw: dict, key: str) -> list[float]:  # of the requests that succeeded (a failed one has ttft 0)
-        errors = raw.get("errors") or [""] * len(raw.get(key, []))
-        return [t * 1000 for t, err in zip(raw.get(key, []), errors, strict=False) if not err]
-
-    ttft_s, ttft_l = ms(short, "ttfts"), ms(long_, "ttfts")
-    itls = [x * 1000 for raw in (short, long_) for per in raw.get("itls", []) for x in per]
-    bound = slo.ttft_ms
-    good = sum(1 for t in ttft_s + ttft_l if bound is None or t <= bound)
+    """The two streams as one workload: a request is good when it met every per-request bound of the SLO (TTFT, TPOT,
+    E2EL, as vLLM's goodput counts); goodput over the longer of the two durations."""
+    both = [d for d in (Detail.from_result(short), Detail.from_result(long_)) if d is not None]
+    if len(both) != 2:
+        raise SystemExit("vllm bench serve saved no per-request arrays (--save-detailed)")
+    short_d, long_d = both
+    ttft_s, ttft_l = short_d.series("ttft"), long_d.series("ttft")
+    good = short_d.good(slo.request_bounds) + long_d.good(slo.request_bounds)
     planned = short.get("num_prompts", 0) + long_.get("num_prompts", 0)
     duration = max(short.get("duration") or 0, long_.get("duration") or 0)
     completed = (short.get("completed") or 0) + (long_.get("completed") or 0)
-    itl_p99 = percentile(itls, 99)
+    itl_p99 = percentile(short_d.itl_ms + long_d.itl_ms, 99)
     attainment = good / planned if planned else 0.0
-    meets = attainment >= slo.attainment and (slo.itl_p99_ms is None or (itl_p99 or 1e9) <= slo.itl_p99_ms)
+    itl_ok = slo.itl_p99_ms is None or (itl_p99 is not None and itl_p99 <= slo.itl_p99_ms)
+    meets = attainment >= slo.attainment and itl_ok
     rnd = (lambda v: None if v is None else round(v, 1))  # noqa: E731
     return {"completed": completed, "failed": (short.get("failed") or 0) + (long_.get("failed") or 0),
             "duration_s": round(duration, 2), "req_per_s": round(completed / duration, 3) if duration else None,
@@ -163,6 +166,9 @@ def main() -> int:
             for name, layout, below in configs:
                 took = deploy(args.inventory, layout, below, args.out / f"deploy-{name}-r{rnd}.log")
                 print(f"{name}: deployed in {took:.0f} s", flush=True)
+                # A new seed per configuration and round, on purpose: the same prompts again would be prefix-cache
+                # hits on instances that kept their cache (pd -> conditional changes only the gateway), and the
+                # configurations would not compute the same work.
                 seed = args.seed + len(rows)
                 run_mixed(router_host, cluster, args, "warm", seed + 10_000, scale=0.15)  # unmeasured warm-up
                 before = {n: finished(u, api_key) for n, (_r, u) in instances.items()}

@@ -12,6 +12,7 @@ every event to ``<log>.events.jsonl`` next to it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import shutil
@@ -27,6 +28,10 @@ from pdinfra import paths
 
 Progress = Callable[[str], None]
 LONG_TASK_S = 15.0  # a task running this long gets its line before it ends
+# ansible-runner replaces a result larger than MAX_EVENT_RES characters by {} in its events (default 700 000): a
+# result dropped that way is said so instead of looking like a result without a message.
+MAX_EVENT_RES = 16_000_000
+DROPPED = "(the result was too large for ansible-runner's event and was dropped: see the run's log)"
 _RESULTS = {
     "runner_on_ok": "ok",
     "runner_on_failed": "failed",
@@ -56,6 +61,17 @@ def ansible_env(**extra: str) -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.update(extra)
     return env
+
+
+def runner_env(ansible_path: Path, env: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """ansible-runner's environment: ``ansible_env()`` with ``env`` over it, then this venv's and Ansible's directory
+    in front of whatever PATH that gave, and the project's ansible.cfg whatever ``env`` said."""
+    merged = {**ansible_env(ANSIBLE_NOCOLOR="1", MAX_EVENT_RES=str(MAX_EVENT_RES), **extra), **(env or {})}
+    front = [str(ansible_path), str(Path(sys.executable).parent)]
+    rest = [d for d in merged.get("PATH", "").split(":") if d and d not in front]
+    merged["PATH"] = ":".join(dict.fromkeys([*front, *rest]))
+    merged["ANSIBLE_CONFIG"] = str(paths.REPO / "ansible.cfg")
+    return merged
 
 
 def inventory_args(inventory: Path | str | list[Path | str]) -> list[str]:
@@ -103,6 +119,7 @@ class PlaybookResult:
     failures: list[Failure] = field(default_factory=list)
     events: Path | None = None  # every ansible-runner event, one JSON object per line
     output: list[str] = field(default_factory=list)  # what Ansible printed outside any task (its own errors)
+    rescued: list[Failure] = field(default_factory=list)  # failures on hosts a rescue block carried on (recap)
 
     @property
     def changed(self) -> int:
@@ -134,19 +151,28 @@ def default_log(name: str) -> Path:
     return d / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}.log"
 
 
-def result_message(res: dict[str, Any]) -> str:
-    """A task result's message: ``msg``, the failed loop items' messages, and stderr (or stdout) of a command."""
+def result_message(res: dict[str, Any], failed: bool = False) -> str:
+    """A task result's message: ``msg``, the failed loop items' messages, and the tail of a command's stderr (or
+    stdout). For a failed result both tails: a command that fails often says why on stdout, whatever its rc."""
+    if not res:
+        return DROPPED if failed else ""
     parts: list[str] = []
     if res.get("msg"):
         parts.append(str(res["msg"]))
     for item in res.get("results") or []:
         if isinstance(item, dict) and item.get("failed"):
-            parts.append(f"item {item.get('_ansible_item_label', item.get('item'))}: {result_message(item)}")
-    for key in ("stderr", "module_stderr", "stdout", "module_stdout"):
-        text = str(res.get(key) or "").strip()
-        if text and (key.endswith("stderr") or res.get("rc") not in (None, 0)) and text not in "\n".join(parts):
-            parts.append("\n".join(text.splitlines()[-15:]))
-            break
+            parts.append(f"item {item.get('_ansible_item_label', item.get('item'))}: {result_message(item, True)}")
+    failed = failed or bool(res.get("failed"))
+
+    def tail(*keys: str) -> str:
+        text = next((str(res[k]).strip() for k in keys if str(res.get(k) or "").strip()), "")
+        return "\n".join(text.splitlines()[-15:])
+
+    stderr, stdout = tail("stderr", "module_stderr"), tail("stdout", "module_stdout")
+    # an ok result: stderr, else stdout when the command's rc says it failed
+    rc_failed = res.get("rc") not in (None, 0)
+    tails = [stderr, stdout] if failed else [stderr or (stdout if rc_failed else "")]
+    parts += [t for t in tails if t and t not in "\n".join(parts)]
     return "\n".join(parts)
 
 
@@ -225,7 +251,7 @@ class _Run:
             res = data.get("res") or {}
             label = res.get("_ansible_item_label", res.get("item"))
             self.failed_items.setdefault(str(data.get("host", "")), []).append(
-                f"item {label}: {result_message(res) or '(no message)'}")
+                f"item {label}: {result_message(res, True)}")
         elif kind == "playbook_on_stats":
             self._end_task()
             self._end_play()
@@ -245,7 +271,7 @@ class _Run:
         if task is None:  # a result outside a task (ansible-playbook's own): keep it as a failure if it is one
             task = Task(play=self.play, name=str(data.get("task", "")), handler=False, start_s=0.0)
         task.hosts[host] = status
-        msg = result_message(res) if isinstance(res, dict) else str(res)
+        msg = result_message(res, status in ("failed", "unreachable")) if isinstance(res, dict) else str(res)
         items = self.failed_items.pop(host, [])
         if status == "failed" and items:
             msg = "\n".join([msg, *[i for i in items if i not in msg]]) if msg else "\n".join(items)
@@ -258,6 +284,14 @@ class _Run:
             self.say(f"{self.elapsed()}  {word} {host}: {task.name}")
             for line in failure.msg.splitlines()[:60]:
                 self.say(f"      {line}")
+
+    def take_rescued(self) -> list[Failure]:
+        """Remove and return the failures of hosts the recap counts as neither failed nor unreachable: a rescue block
+        handled them (counted as rescued), so the failures left are the ones that failed the run."""
+        carried_on = {h for h, r in self.recap.items() if not r["failed"] and not r["unreachable"]}
+        rescued = [f for f in self.failures if f.host in carried_on and not f.unreachable]
+        self.failures = [f for f in self.failures if f not in rescued]
+        return rescued
 
     def _end_task(self) -> None:
         t = self.current
@@ -329,15 +363,15 @@ def run_playbook(
                 private_data_dir=private, ident="run", project_dir=str(paths.REPO), playbook=str(book),
                 cmdline=shlex.join(args), quiet=True, suppress_env_files=True, event_handler=run.handle,
                 cancel_callback=run.tick,
-                envvars={**ansible_env(ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1",
-                                       PATH=f"{ansible_path}:{os.environ.get('PATH', '')}"), **(env or {})},
-                timeout=int(timeout_s) if timeout_s else None, fact_cache_type=None,
+                envvars=runner_env(ansible_path, env, ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1"),
+                timeout=max(1, math.ceil(timeout_s)) if timeout_s else None, fact_cache_type=None,
             )  # fmt: skip
             rc, status = int(runner.rc if runner.rc is not None else 1), runner.status
             err = Path(private) / "artifacts" / "run" / "stderr"
             stderr = err.read_text(errors="replace") if err.exists() else ""
         finally:
             run.close()
+    rescued = run.take_rescued()
     if status == "timeout":
         run.failures.append(Failure("", "ansible-playbook", f"stopped after {timeout_s:.0f} s (the run's bound)"))
         rc = rc or 124
@@ -347,7 +381,7 @@ def run_playbook(
         for line in words[-20:]:
             say(f"      {line}")
     seconds = time.monotonic() - run.t0
-    result = PlaybookResult(rc, log, run.recap, seconds, run.tasks, run.failures, events, run.output)
+    result = PlaybookResult(rc, log, run.recap, seconds, run.tasks, run.failures, events, run.output, rescued)
     say(f"ansible-playbook exited {rc} after {seconds:.0f} s; changed={result.changed}; log: {log}")
     return result
 
@@ -368,12 +402,16 @@ def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float 
         runner = ansible_runner.run(
             private_data_dir=private, ident="run", host_pattern=host, module=module, module_args=json.dumps(args),
             inventory=str(inventory), quiet=True, suppress_env_files=True, event_handler=keep,
-            envvars=ansible_env(ANSIBLE_NOCOLOR="1"), timeout=int(timeout_s), fact_cache_type=None,
+            envvars=runner_env(Path(ansible_bin("ansible")).parent), timeout=max(1, math.ceil(timeout_s)),
+            fact_cache_type=None,
         )  # fmt: skip
         status = runner.status
     if results:
         res = results[-1]
-        if res.pop("_status") in ("failed", "unreachable"):
+        failed = res.pop("_status") in ("failed", "unreachable")
+        if not res:  # dropped by ansible-runner (see MAX_EVENT_RES): say so, whatever the status
+            res = {"msg": DROPPED}
+        if failed:
             res["failed"] = True
         return res
     if status == "timeout":

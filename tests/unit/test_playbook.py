@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pdinfra.playbook import Failure, _Run, adhoc, result_message, run_playbook
+from pdinfra import paths
+from pdinfra.playbook import DROPPED, Failure, _Run, adhoc, result_message, run_playbook, runner_env
 
 
 def _events(run: _Run, *events: tuple[str, dict]) -> None:
@@ -91,6 +92,35 @@ def test_result_message_names_the_failed_items_and_the_command_output():
     assert "item a" not in msg
     assert result_message({"rc": 3, "stdout": "out only"}) == "out only"
     assert result_message({"rc": 0, "stdout": "fine"}) == ""
+    # A failed result gives both tails: a command that fails often says why on stdout, whatever its rc.
+    failed = {"failed": True, "rc": 0, "msg": "check failed", "stderr": "a warning", "stdout": "1 of 3 hosts down"}
+    assert result_message(failed) == "check failed\na warning\n1 of 3 hosts down"
+    assert result_message({"rc": 0, "stderr": "w", "stdout": "ok"}) == "w"  # an ok result: stderr only
+    # ansible-runner replaces a result over MAX_EVENT_RES by {}: a failure says so instead of "no message".
+    assert result_message({}, failed=True) == DROPPED and result_message({}) == ""
+
+
+def test_a_rescued_failure_is_kept_apart_from_the_runs_failures(tmp_path):
+    run = _Run(None, tmp_path / "x.log", tmp_path / "x.events.jsonl")
+    _events(
+        run,
+        ("playbook_on_play_start", {"name": "p"}),
+        _task("Try"),
+        ("runner_on_failed", {"host": "node1", "res": {"msg": "rescued later"}}),
+        ("runner_on_failed", {"host": "node2", "res": {"msg": "really failed"}}),
+        ("playbook_on_stats", {"ok": {"node1": 2}, "rescued": {"node1": 1}, "failures": {"node2": 1}}),
+    )  # fmt: skip
+    run.close()
+    assert run.take_rescued() == [Failure("node1", "Try", "rescued later")]
+    assert run.failures == [Failure("node2", "Try", "really failed")]
+
+
+def test_the_runner_environment_puts_this_venv_first_and_keeps_the_projects_config(tmp_path):
+    venv = str(Path(sys.executable).parent)
+    env = runner_env(tmp_path, {"PATH": f"/usr/bin:{venv}:/bin", "ANSIBLE_CONFIG": "/elsewhere.cfg", "X": "1"})
+    assert env["PATH"] == f"{tmp_path}:{venv}:/usr/bin:/bin"
+    assert env["ANSIBLE_CONFIG"] == str(paths.REPO / "ansible.cfg") and env["X"] == "1"
+    assert int(env["MAX_EVENT_RES"]) > 700_000
 
 
 # ----------------------------------------------------------------------------- real plays on localhost
@@ -137,6 +167,18 @@ def test_a_failed_loop_item_is_named_with_its_message(tmp_path):
     assert failure.host == "localhost" and failure.task == "Each item", failure
     assert "item 4: The command exited with a non-zero return code.\nbad 4" in failure.msg, failure.msg
     assert "item 0" not in failure.msg
+
+
+@pytest.mark.slow
+def test_a_failure_a_rescue_block_handled_does_not_fail_the_run(tmp_path):
+    book = tmp_path / "rescue.yml"
+    book.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": [{"block": [
+        {"name": "Try", "ansible.builtin.command": "sh -c 'echo why; exit 3'"}],
+        "rescue": [{"name": "Recover", "ansible.builtin.debug": {"msg": "recovered"}}]}]}]))  # fmt: skip
+    res = run_playbook("localhost,", book, LOCAL, log=tmp_path / "rescue.log", timeout_s=120)
+    assert res.rc == 0 and res.failures == [] and res.recap["localhost"]["rescued"] == 1, res.summary()
+    (handled,) = res.rescued
+    assert handled.task == "Try" and "why" in handled.msg, handled
 
 
 @pytest.mark.slow
