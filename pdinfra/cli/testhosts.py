@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pdinfra.cli.common import DEFAULT_INV, Inv, console, deployed_record, load_inventory, step
+from pdinfra.cli.common import DEFAULT_INV, Inv, console, deployed_record, load_inventory, resolved_cluster, step
 
 app = typer.Typer(no_args_is_help=True, help="Local test hosts (systemd-nspawn nodes) of an inventory.")
 
@@ -27,6 +27,41 @@ def hosts_create(inventory: Inv = DEFAULT_INV) -> None:
     except testhosts.TestHostError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from exc
+
+
+@app.command("prepare")
+def hosts_prepare(inventory: Inv = DEFAULT_INV) -> None:
+    """Download and build, without booting anything, what the first `up` needs before its first task: the test
+    hosts' Debian base (debootstrap) and the nodes' wheelhouse for this inventory's profile. Both are cached; `up`
+    then finds them. `./pd test` runs this beside the unit tier."""
+    import platform
+    import subprocess
+
+    from pdinfra import testhosts
+    from pdinfra.serving import wheelhouse as wh
+    from pdinfra.testhosts import nspawn
+
+    if not testhosts.from_inventory(load_inventory(inventory)):
+        console.print(f"{inventory} declares no test hosts (pdinfra_testhost: true)")
+        return
+    nspawn.api_key_file()  # the local inventory reads it, as `up` makes it
+    cluster = resolved_cluster(inventory)
+    try:
+        nspawn.require_tools()
+        base = nspawn.ensure_base(progress=step)
+        # The node's Python and glibc, read as the pd_runtime role reads them (the wheels are chosen for them).
+        probe = subprocess.run(["chroot", str(base), "/bin/sh", "-c", "python3 -c 'import sys; print(\"%d.%d\" % "
+                                "sys.version_info[:2])'; getconf GNU_LIBC_VERSION | cut -d' ' -f2"],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        python_version, glibc = probe.stdout.split()
+        packages = wh.role_packages(cluster.profile, cluster.connector)
+        step(f"the nodes' wheelhouse ({cluster.profile}, Python {python_version}, glibc {glibc}, "
+             f"{len(packages)} packages)")
+        tarball, built = wh.build(packages, python_version, glibc, platform.machine())  # the nodes share this kernel
+    except (testhosts.TestHostError, wh.WheelhouseError, subprocess.CalledProcessError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(f"[green]prepared[/]: base {base}, wheelhouse {tarball} ({'built' if built else 'cached'})")
 
 
 @app.command("destroy")

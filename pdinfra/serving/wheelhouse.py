@@ -19,10 +19,23 @@ from pathlib import Path
 from pdinfra import paths
 
 MARKER = ".pdinfra-complete"
+ROLE_DEFAULTS = paths.REPO / "roles" / "pd_runtime" / "defaults" / "main.yml"
 
 
 class WheelhouseError(RuntimeError):
     pass
+
+
+def role_packages(profile: str, connector: str) -> list[str]:
+    """What the pd_runtime role installs with its defaults (its ``__pd_runtime_install``): the profile's serving
+    packages, the tools, Mooncake's wheel, and LMCache with that connector. An inventory that overrides those role
+    variables gets another wheelhouse at deploy time; this list is for preparing the default one ahead."""
+    import yaml
+
+    d = yaml.safe_load(ROLE_DEFAULTS.read_text())
+    return [*d["pd_runtime_packages"][profile], *d["pd_runtime_tool_packages"],
+            *d["pd_runtime_kv_store_packages"][profile],
+            *(d["pd_runtime_lmcache_packages"] if connector == "lmcache" else [])]  # fmt: skip
 
 
 def platform_tags(glibc: str, arch: str) -> list[str]:
