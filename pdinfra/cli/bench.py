@@ -376,5 +376,61 @@ def bench_reuse(
         raise typer.Exit(1)
 
 
+@app.command("conditional")
+def bench_conditional(
+    inventory: Inv = DEFAULT_INV,
+    threshold: Annotated[
+        str, typer.Option(help="pdinfra_pd_aggregate_below_bytes to try; a comma-separated list sweeps them.")
+    ] = "1024",
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds; each runs every configuration in turn.")] = 1,
+    num_prompts: Annotated[int, typer.Option(min=2, help="Requests per configuration, both streams.")] = 64,
+    short_share: Annotated[float, typer.Option(help="Share of short requests.")] = 0.75,
+    short_len: Annotated[int, typer.Option(help="Input tokens of a short prompt (a question).")] = 24,
+    long_len: Annotated[int, typer.Option(help="Input tokens of a long prompt (a document).")] = 768,
+    short_concurrency: Annotated[int, typer.Option(help="Concurrent short requests.")] = 3,
+    long_concurrency: Annotated[int, typer.Option(help="Concurrent long requests.")] = 1,
+    output_len: Annotated[int, typer.Option(help="Output tokens of every request.")] = 16,
+    seed: Annotated[int | None, typer.Option(help="First seed of vLLM bench's random prompts.")] = None,
+    out: Annotated[Path, typer.Option(help="Directory for results.json, conditional.md/.png, raw results, logs.")] = (
+        Path("out/bench/conditional")
+    ),
+) -> None:
+    """Conditional disaggregation measured: always-PD, PD with requests below each threshold served aggregated on a
+    decode instance, and always-aggregated, on one mixed short/long workload (two `vllm bench serve` streams at
+    once), each configuration deployed in turn; ends with the configuration to deploy. Redeploys the serving layer
+    (the inventory's own configuration again at the end): run it on an otherwise idle cluster."""
+    import time as _time
+    from datetime import UTC, datetime
+
+    from pdinfra.bench import conditional as C
+    from pdinfra.cluster.slo import SLO
+
+    try:
+        cfgs = C.configs([int(t) for t in threshold.split(",") if t.strip()])
+        workload = C.Workload(num_prompts, short_share, short_len, long_len, short_concurrency, long_concurrency,
+                              output_len)  # fmt: skip
+    except ValueError as exc:  # one line, exit 2, before any host is touched
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    cluster = resolved_cluster(inventory, secrets=True)
+    if cluster.connector == "lmcache":
+        typer.echo("error: conditional disaggregation is refused with pdinfra_connector lmcache", err=True)
+        raise typer.Exit(2)
+    slo = SLO.from_dict(cluster.slo)
+    first = seed if seed is not None else int(_time.time()) % 100000
+    out.mkdir(parents=True, exist_ok=True)
+    step(f"{', '.join(c.name for c in cfgs)} x {rounds} round(s), {num_prompts} requests each; SLO {slo.describe()}")
+    try:
+        rows = C.run(inventory, cluster, slo, workload, cfgs, rounds, first, out, step)
+    except C.ConditionalError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "inventory": str(inventory), "slo": cluster.slo,
+            "thresholds": threshold, "rounds": rounds, "seed": first, "workload": workload.__dict__}  # fmt: skip
+    rec, files = C.write(rows, meta, out)
+    Console(width=160).print(C.markdown(rows, rec))
+    console.print(f"written: {', '.join(map(str, files))}")
+
+
 app.command("plan")(bench_plan_cmd)
 app.command("report")(bench_report_cmd)

@@ -154,7 +154,7 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "request whose body is shorter than this many bytes is served by a decode instance alone, which computes its "
        "prompt itself, the rest through prefill. The body's size stands for the prompt's length (about 4 bytes a "
        "token of English text, plus about 150 bytes of JSON). 0: every request through prefill. Recommended from a "
-       "measured sweep: `benchmarks/conditional_pd.py` (docs/benchmarking.md).", default=0, min=0,
+       "measured sweep: `pdinfra bench conditional` (docs/benchmarking.md).", default=0, min=0,
        max=16_777_216, scope="router"),
     _f("pdinfra_api_key", "str", "API key clients must present to the router; the instances require it too and the "
        "router's PD hops send it (from the router's environment). Keep it in ansible-vault; never logged, written only "

@@ -1,4 +1,5 @@
-"""benchmarks/conditional_pd.py: how it judges a configuration (the measured runs are in docs/runs/*conditional-pd*).
+"""pdinfra.bench.conditional (`pdinfra bench conditional`): how it judges a configuration, and its arguments
+(the measured runs are in docs/runs/*conditional-pd*).
 
 A request is good when it met every per-request bound of the SLO, as vLLM's goodput counts it, not only TTFT; a
 missing ITL figure never meets an ITL bound; the recommendation takes the best configuration that met the SLO in every
@@ -6,14 +7,12 @@ round."""
 
 from __future__ import annotations
 
-import importlib.util
+import pytest
+from typer.testing import CliRunner
 
-from pdinfra import paths
+from pdinfra.bench import conditional as cpd
+from pdinfra.cli.main import app
 from pdinfra.cluster.slo import SLO
-
-_spec = importlib.util.spec_from_file_location("conditional_pd", paths.REPO / "benchmarks" / "conditional_pd.py")
-cpd = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cpd)
 
 
 def _raw(ttfts: list[float], lat: list[float], outs: list[int], itl: float) -> dict:
@@ -46,7 +45,42 @@ def test_the_recommendation_is_the_best_configuration_that_met_the_slo_every_rou
             {"config": "conditional", "aggregate_below_bytes": 1024, "goodput_req_per_s": 8.0, "meets_slo": True},
             {"config": "agg", "aggregate_below_bytes": 0, "goodput_req_per_s": 20.0, "meets_slo": True},
             {"config": "agg", "aggregate_below_bytes": 0, "goodput_req_per_s": 20.0, "meets_slo": False}]  # fmt: skip
-    text = cpd.recommendation(rows)
+    rows = [{**r, "layout": "agg" if r["config"] == "agg" else "pd"} for r in rows]
+    rec = cpd.recommendation(rows)
+    assert (rec.best, rec.setting, rec.goodput) == ("conditional", cpd.Config("c", "pd", 1024).setting, 8.5)
+    text = str(rec)
     assert text.startswith("recommendation: conditional (pdinfra_layout: pd, pdinfra_pd_aggregate_below_bytes: 1024)")
     assert "others: pd 5.00" in text and "agg" not in text.split("others")[1]
-    assert "no configuration" in cpd.recommendation([{**rows[4]}])
+    assert "no configuration" in str(cpd.recommendation([{**rows[4]}]))
+
+
+def test_the_configurations_and_the_two_streams():
+    names = [c.name for c in cpd.configs([512, 2048])]
+    assert names == ["pd", "conditional-512", "conditional-2048", "agg"]
+    assert [c.name for c in cpd.configs([1024])] == ["pd", "conditional", "agg"]
+    points = cpd.Workload(num_prompts=64).points("pd")
+    assert (points["short"].num_prompts, points["long"].num_prompts) == (48, 16)
+    assert points["short"].input_len == 24 and points["long"].max_concurrency == 1
+    warm = cpd.Workload(num_prompts=64).points("agg", scale=0.15)
+    assert (warm["short"].num_prompts, warm["long"].num_prompts, warm["short"].layout) == (7, 2, "agg")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--threshold", "0"], "each >= 1"),
+    (["--threshold", "abc"], "invalid literal"),
+    (["--short-share", "1.5"], "--short-share"),
+    (["--short-len", "900"], "must be below --long-len"),
+])  # fmt: skip
+def test_bad_arguments_end_before_any_host_is_touched(args, says):
+    res = CliRunner().invoke(app, ["bench", "conditional", "-i", "/nonexistent/hosts.yml", *args])
+    assert res.exit_code == 2 and says in res.output, res.output
+
+
+def test_the_report_files(tmp_path):
+    row = {"config": "pd", "layout": "pd", "aggregate_below_bytes": 0, "round": 0, "req_per_s": 2.0,
+           "goodput_req_per_s": 1.5, "attainment": 0.95, "itl_p99_ms": 12.0, "meets_slo": True, "ttft_p50_ms": 40.0,
+           "short_ttft_p50_ms": 30.0, "long_ttft_p50_ms": 90.0, "through_prefill": 64, "completed": 64}  # fmt: skip
+    rec, files = cpd.write([row, {**row, "config": "agg", "layout": "agg", "meets_slo": False}], {"m": 1}, tmp_path)
+    assert rec.best == "pd" and all(f.exists() for f in files)
+    assert "| pd | 0 | 2.00 | 1.50 | 0.95 | 12.0 | yes | 40 | 30 | 90 | 64/64 |" in files[1].read_text()
+    assert files[2].read_bytes()[:4] == b"\x89PNG"
