@@ -21,7 +21,7 @@ PLAY = """
   gather_facts: false
   vars_files: ["{repo}/roles/vllm_instance/defaults/main.yml", "{repo}/roles/vllm_instance/vars/main.yml",
                "{repo}/roles/pd_kv_store/defaults/main.yml",
-               "{repo}/roles/pd_router/defaults/main.yml"]
+               "{repo}/roles/pd_router/defaults/main.yml", "{repo}/roles/pd_router/vars/main.yml"]
   vars:
     ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
   tasks:
