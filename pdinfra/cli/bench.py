@@ -273,7 +273,8 @@ def bench_run(
     executor = live.AnsibleExecutor(inventory, router, Path(out) / ".fetched", deployer=deployer)
     try:
         run_dir = run_bench(the_plan, the_slo, endpoints, executor, live.http_scrape, Path(out),
-                            host={"router": router, "inventory": str(inventory), "redeploy": redeploy})  # fmt: skip
+                            host={"router": router, "inventory": str(inventory), "redeploy": redeploy},
+                            vllm_cmd=R.vllm_bench_cmd(cluster.venv))  # fmt: skip
     finally:
         if deployer is not None:
             deployer.ensure("pd")  # leave the cluster as site.yml deploys it

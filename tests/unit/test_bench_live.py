@@ -83,3 +83,18 @@ def test_prepare_runs_before_each_point(tmp_path):
     records = run_sweep(plan, ex, ctx=ctx)
     assert ex.events == ["prepare agg", "run agg-isl256-osl32-c1", "prepare pd", "run pd-isl256-osl32-c1"]
     assert all(r["pdinfra"]["error"] for r in records)
+
+
+def test_the_client_runs_with_the_clusters_own_venv():
+    """A cluster with pdinfra_venv elsewhere than /opt/pdinfra/venv runs `vllm bench serve` from that venv."""
+    from pdinfra.bench.runner import VLLM_BENCH, build_argv, vllm_bench_cmd
+
+    cmd = vllm_bench_cmd("/srv/pd/venv/")
+    assert cmd == ("/srv/pd/venv/bin/python", "-m", "pdinfra.serving.vllm_bench", "serve")
+    assert vllm_bench_cmd("/opt/pdinfra/venv") == VLLM_BENCH
+    from pdinfra.cluster.slo import SLO
+
+    endpoints, _ = live.endpoints_from_cluster(cluster(), redeploy=True)
+    point = get_plan("small").points()[0]
+    argv = build_argv(point, endpoints, SLO(), seed=1, result_dir="/tmp/x", vllm_cmd=cmd)
+    assert argv[:4] == list(cmd)
