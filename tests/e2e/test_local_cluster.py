@@ -58,6 +58,74 @@ def test_smoke_proves_kv_moved_across_the_two_nodes(cluster):
     assert any(d.split(":")[1] != ep["prefill"][0].split(":")[1] for d in ep["decode"]), ep
 
 
+# ----------------------------------------------------------------------------- the OpenAI API on the aggregated layout
+# These tests and the bench sweep restart every instance (agg, then PD again): they run first, so the tests after
+# them (a second converge and --check of the cluster the bench left, conformance, validate, the host layer) fill
+# the monitoring window that test_monitoring's dashboard test waits for after the last restart.
+@pytest.fixture(scope="module")
+def aggregated(cluster):
+    """The instances redeployed as aggregated servers with the bench's own command (pdinfra.bench.live
+    LayoutDeployer): the bench sweep right after these cases deploys agg again with nothing to change, then pd."""
+    from pdinfra.bench.live import LAYOUT_TAGS
+
+    res = playbook("--tags", LAYOUT_TAGS, "-e", "pdinfra_layout=agg", "-e", "vllm_instance_rolling=false",
+                   log="69-agg-layout")  # fmt: skip
+    assert res.rc == 0, res.summary()
+    return api_of(INV)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_openai_sdk_through_the_router_on_aggregated(aggregated, case):
+    """The API suite of test_api_conformance (NIXL PD) and the Mooncake PD module, on the aggregated layout: every
+    instance computes its own prompts behind the same router and gateway."""
+    CASES[case](aggregated)
+    assert_still_serving(aggregated)
+
+
+def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
+    """The issue's CI sweep: ISL 256 / OSL 32, concurrency 1/2/4, real `vllm bench serve`, on the same two
+    instances redeployed as aggregated servers behind the router (agg), then as prefill/decode (pd)."""
+    out, report = LOG_DIR / "bench" / "runs", LOG_DIR / "bench" / "report"
+    shutil.rmtree(LOG_DIR / "bench", ignore_errors=True)
+    res = run([str(BIN / "pdinfra"), "bench", "run", "--plan", "small", "--redeploy", "--out", str(out),
+               "--report", str(report)], log="70-bench", timeout=1800)  # fmt: skip
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    analysis = json.loads((report / "analysis.json").read_text())
+    points = {p.name: json.loads(p.read_text()) for p in (run_dir / "points").glob("*.json")}
+    assert len(points) == 6
+    assert manifest["endpoints"]["layouts"]["agg"]["gpus"] == manifest["endpoints"]["layouts"]["pd"]["gpus"] == 3
+    for name, rec in points.items():
+        result = rec["result"]
+        assert result["completed"] == result["num_prompts"] and result["failed"] == 0, name
+    # The report's numbers are the saved JSON's numbers, and every point states whether it met the SLO.
+    analysed = {p["key"]: p for p in analysis["runs"][0]["points"]}
+    assert set(analysed) == {n.removesuffix(".json") for n in points}
+    for name, rec in points.items():
+        a = analysed[name.removesuffix(".json")]
+        assert a["status"] == "ok" and isinstance(a["meets_slo"], bool), a
+        for metric in ("ttft", "itl", "e2el"):
+            assert a["stats"][metric]["p99"] == pytest.approx(rec["result"][f"p99_{metric}_ms"]), (name, metric)
+    assert analysis["runs"][0]["recommendation"]
+    html = (report / "report.html").read_text()
+    assert "Recommendation" in html and "data:image/png;base64," in html
+    md = (report / "report.md").read_text()
+    assert "| meets SLO |" in md
+    # Re-running the analysis on the saved run gives identical output.
+    # The cluster is back in the PD layout afterwards.
+    back = json.loads(run([str(BIN / "pdinfra"), "smoke", "--json"], log="72-smoke-after-bench").stdout)
+    assert back["ok"] and any(p["name"].startswith("KV cache moved") for p in back["proofs"])
+    again = tmp_path / "again"
+    run(
+        [str(BIN / "pdinfra"), "bench", "report", str(run_dir), "--output", str(again)],
+        log="71-bench-report",
+        check=True,
+    )
+    assert (again / "report.md").read_text() == md
+
+
 def test_second_converge_changes_nothing(cluster):
     res = playbook(log="20-converge-again")
     assert res.rc == 0, res.summary()
@@ -226,71 +294,6 @@ def test_validate_transfer_between_the_two_nodes(cluster):
     assert len(peer) == 10, (peer, res.stderr[-3000:])
     assert all("over tcp" in c["evidence"] and "GB/s" in c["evidence"] for c in peer), peer
     assert not [c for c in checks if c["verdict"] == "fail"], [c for c in checks if c["verdict"] == "fail"]
-
-
-# ----------------------------------------------------------------------------- the OpenAI API on the aggregated layout
-@pytest.fixture(scope="module")
-def aggregated(cluster):
-    """The instances redeployed as aggregated servers with the bench's own command (pdinfra.bench.live
-    LayoutDeployer): the bench sweep right after these cases deploys agg again with nothing to change, then pd."""
-    from pdinfra.bench.live import LAYOUT_TAGS
-
-    res = playbook("--tags", LAYOUT_TAGS, "-e", "pdinfra_layout=agg", "-e", "vllm_instance_rolling=false",
-                   log="69-agg-layout")  # fmt: skip
-    assert res.rc == 0, res.summary()
-    return api_of(INV)
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_openai_sdk_through_the_router_on_aggregated(aggregated, case):
-    """The API suite of test_api_conformance (NIXL PD) and the Mooncake PD module, on the aggregated layout: every
-    instance computes its own prompts behind the same router and gateway."""
-    CASES[case](aggregated)
-    assert_still_serving(aggregated)
-
-
-def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
-    """The issue's CI sweep: ISL 256 / OSL 32, concurrency 1/2/4, real `vllm bench serve`, on the same two
-    instances redeployed as aggregated servers behind the router (agg), then as prefill/decode (pd)."""
-    out, report = LOG_DIR / "bench" / "runs", LOG_DIR / "bench" / "report"
-    shutil.rmtree(LOG_DIR / "bench", ignore_errors=True)
-    res = run([str(BIN / "pdinfra"), "bench", "run", "--plan", "small", "--redeploy", "--out", str(out),
-               "--report", str(report)], log="70-bench", timeout=1800)  # fmt: skip
-    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
-    (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "complete"
-    analysis = json.loads((report / "analysis.json").read_text())
-    points = {p.name: json.loads(p.read_text()) for p in (run_dir / "points").glob("*.json")}
-    assert len(points) == 6
-    assert manifest["endpoints"]["layouts"]["agg"]["gpus"] == manifest["endpoints"]["layouts"]["pd"]["gpus"] == 3
-    for name, rec in points.items():
-        result = rec["result"]
-        assert result["completed"] == result["num_prompts"] and result["failed"] == 0, name
-    # The report's numbers are the saved JSON's numbers, and every point states whether it met the SLO.
-    analysed = {p["key"]: p for p in analysis["runs"][0]["points"]}
-    assert set(analysed) == {n.removesuffix(".json") for n in points}
-    for name, rec in points.items():
-        a = analysed[name.removesuffix(".json")]
-        assert a["status"] == "ok" and isinstance(a["meets_slo"], bool), a
-        for metric in ("ttft", "itl", "e2el"):
-            assert a["stats"][metric]["p99"] == pytest.approx(rec["result"][f"p99_{metric}_ms"]), (name, metric)
-    assert analysis["runs"][0]["recommendation"]
-    html = (report / "report.html").read_text()
-    assert "Recommendation" in html and "data:image/png;base64," in html
-    md = (report / "report.md").read_text()
-    assert "| meets SLO |" in md
-    # Re-running the analysis on the saved run gives identical output.
-    # The cluster is back in the PD layout afterwards.
-    back = json.loads(run([str(BIN / "pdinfra"), "smoke", "--json"], log="72-smoke-after-bench").stdout)
-    assert back["ok"] and any(p["name"].startswith("KV cache moved") for p in back["proofs"])
-    again = tmp_path / "again"
-    run(
-        [str(BIN / "pdinfra"), "bench", "report", str(run_dir), "--output", str(again)],
-        log="71-bench-report",
-        check=True,
-    )
-    assert (again / "report.md").read_text() == md
 
 
 def test_bench_latency_decomposes_a_pd_request(cluster):
