@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 13's knob sweep on a lent H200 machine (device tool; carry .whl with nixl==1.5.1 and nixl-cu13==1.5.1):
+# Issue 13's knob sweep on an H200 host (pip-install the nixl==1.5.1 and nixl-cu13==1.5.1 wheels first):
 # gpt-oss-120b 8192-token requests in vLLM 0.33's layout (one region per layer, K and V together, sliding layers'
 # window tail only), block sizes 16/32/64/128, layouts contig / scatter / packed (cross-layer blocks) / the recorded
 # local trace as recorded and sorted, UCX threads 0/4/8, the progress thread; llama-3.1-70b TP4 for the largest

@@ -120,6 +120,7 @@ def bench_plan_cmd(
     backend: Annotated[str, typer.Option(help="vllm or openai (both use /v1/completions)")] = "vllm",
     run_id: Annotated[str, typer.Option(help="run id the seeds are derived from")] = "DRYRUN",
     remote_dir: Annotated[str, typer.Option(help="result directory on the client node")] = R.DEFAULT_REMOTE_DIR,
+    venv: Annotated[str, typer.Option(help="serving venv on the client node (pdinfra_venv)")] = "/opt/pdinfra/venv",
     as_json: Annotated[bool, typer.Option("--json", help="print the plan and commands as JSON")] = False,
 ) -> None:
     """Print the sweep and the exact `vllm bench serve` command of every point (a dry run: nothing runs)."""
@@ -153,7 +154,8 @@ def bench_plan_cmd(
     rows = []
     for point in bench_plan.points():
         seed = point.seed(run_id)
-        argv = R.build_argv(point, endpoints, the_slo, seed=seed, result_dir=result_dir, run_id=run_id)
+        argv = R.build_argv(point, endpoints, the_slo, seed=seed, result_dir=result_dir, run_id=run_id,
+                            vllm_cmd=R.vllm_bench_cmd(venv))  # fmt: skip
         rows.append((point, seed, argv))
     if as_json:
         doc = {

@@ -383,6 +383,10 @@ def test_bench_plan_cmd_prints_every_command():
     assert text.exit_code == 0, text.output
     assert "pd-isl8192-osl1024-c32" in text.output
     assert "pdinfra.serving.vllm_bench serve" in text.output
+    assert "/opt/pdinfra/venv/bin/python -m pdinfra.serving.vllm_bench serve" in text.output
+    own = runner.invoke(app, ["plan", "--plan", "small", "--venv", "/srv/llm/venv/", "--json"])
+    assert own.exit_code == 0, own.output
+    assert json.loads(own.output)["points"][0]["argv"][:2] == ["/srv/llm/venv/bin/python", "-m"]
     bad = runner.invoke(app, ["plan", "--slo", "{itl_p95_ms: 3}"])
     assert bad.exit_code == 2 and "itl_p95_ms" in bad.output
 
