@@ -74,9 +74,16 @@ def runner_env(ansible_path: Path, env: dict[str, str] | None = None, **extra: s
     return merged
 
 
+def inventory_source(source: Path | str) -> str:
+    """An inventory path as the caller meant it: relative to the caller's directory, not to the one ansible-runner
+    starts Ansible in. Anything that is no path here (an inline host list such as ``"a,b,"``) stays as it is."""
+    path = Path(source)
+    return str(path.resolve()) if path.exists() else str(source)
+
+
 def inventory_args(inventory: Path | str | list[Path | str]) -> list[str]:
     sources = inventory if isinstance(inventory, list) else [inventory]
-    return [a for s in sources for a in ("-i", str(s))]
+    return [a for s in sources for a in ("-i", inventory_source(s))]
 
 
 @dataclass
@@ -386,11 +393,23 @@ def run_playbook(
     return result
 
 
+#: The arguments of modules ``adhoc`` runs that name a file on the controller.
+CONTROLLER_PATHS: dict[str, tuple[str, ...]] = {
+    "ansible.builtin.fetch": ("dest",),
+    "ansible.builtin.copy": ("src",),
+    "ansible.builtin.template": ("src",),
+}
+
+
 def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float = 600) -> dict:
     """One ad-hoc module run on one inventory host, through ansible-runner: the module's result
-    (``{"failed": True, "msg": ...}`` when there is none)."""
+    (``{"failed": True, "msg": ...}`` when there is none). ansible-runner starts an ad-hoc Ansible in its temporary
+    private directory whatever ``project_dir`` says, so the inventory and the controller-side paths of ``args`` (see
+    ``CONTROLLER_PATHS``) are made absolute from the caller's directory first: a relative fetch ``dest`` would
+    otherwise land in that directory and vanish with it."""
     import ansible_runner
 
+    args = {k: str(Path(v).resolve()) if k in CONTROLLER_PATHS.get(module, ()) else v for k, v in args.items()}
     results: list[dict] = []
 
     def keep(event: dict[str, Any]) -> bool:
@@ -401,7 +420,7 @@ def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float 
     with tempfile.TemporaryDirectory(prefix="pdinfra-adhoc-") as private:
         runner = ansible_runner.run(
             private_data_dir=private, ident="run", host_pattern=host, module=module, module_args=json.dumps(args),
-            inventory=str(inventory), quiet=True, suppress_env_files=True, event_handler=keep,
+            inventory=inventory_source(inventory), quiet=True, suppress_env_files=True, event_handler=keep,
             envvars=runner_env(Path(ansible_bin("ansible")).parent), timeout=max(1, math.ceil(timeout_s)),
             fact_cache_type=None,
         )  # fmt: skip

@@ -213,3 +213,17 @@ def test_adhoc_returns_the_module_result(tmp_path):
     bad = adhoc(inv, "localhost", "ansible.builtin.command", {"cmd": "false"}, timeout_s=120)
     assert bad["failed"] and bad["rc"] == 1
     assert Path(inv).exists()
+
+
+@pytest.mark.slow
+def test_adhoc_paths_are_the_callers_relative_ones(tmp_path, monkeypatch):
+    """A relative inventory and a fetch's relative dest mean the caller's directory (bench conditional's
+    --out docs/runs/X once fetched into ansible-runner's temporary directory and lost every result)."""
+    (tmp_path / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))  # fmt: skip
+    (tmp_path / "src.txt").write_text("kept\n")
+    monkeypatch.chdir(tmp_path)
+    got = adhoc(Path("hosts.yml"), "localhost", "ansible.builtin.fetch",
+                {"src": str(tmp_path / "src.txt"), "dest": "out/fetched.txt", "flat": True}, timeout_s=120)  # fmt: skip
+    assert not got.get("failed"), got
+    assert (tmp_path / "out" / "fetched.txt").read_text() == "kept\n"
