@@ -225,6 +225,15 @@ def finished(url: str, api_key: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in rows)
 
 
+def streams_script(remote: str, argv: dict[str, list[str]]) -> str:
+    """The shell script that runs the streams at once in a fresh ``remote`` and prints ``KIND RC`` per stream. The
+    directory is made before any stream starts: with ``rm && mkdir && (a) & (b) &`` the first ``&`` would put the
+    ``rm`` and ``mkdir`` in the background beside the second stream, which then raced them."""
+    streams = "".join(f"({shlex.join(a)} >{remote}/{k}.log 2>&1; echo $? >{remote}/{k}.rc) & " for k, a in argv.items())
+    return (f"rm -rf {remote} && mkdir -p {remote} || exit 1; {streams}wait; "
+            f"for k in {' '.join(argv)}; do echo $k $(cat {remote}/$k.rc); done")  # fmt: skip
+
+
 def run_mixed(inventory: Path, cluster: Cluster, slo: SLO, workload: Workload, config: Config, tag: str, seed: int,
               local_dir: Path, scale: float = 1.0) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Both streams at once on the router's host; their saved results. A stream is read only when it exited 0, and
@@ -234,10 +243,7 @@ def run_mixed(inventory: Path, cluster: Cluster, slo: SLO, workload: Workload, c
     points = workload.points(config.layout, scale)
     cmd = vllm_bench_cmd(cluster.venv)
     argv = {k: build_argv(p, endpoints, slo, seed=seed, result_dir=remote, vllm_cmd=cmd) for k, p in points.items()}
-    streams = "".join(f"({shlex.join(a)} >{remote}/{k}.log 2>&1; echo $? >{remote}/{k}.rc) & " for k, a in argv.items())
-    script = (f"rm -rf {remote} && mkdir -p {remote} && {streams}wait; "
-              f"for k in {' '.join(KINDS)}; do echo $k $(cat {remote}/$k.rc); done")  # fmt: skip
-    res = adhoc(inventory, host, "ansible.builtin.shell", {"cmd": script}, timeout_s=3600)
+    res = adhoc(inventory, host, "ansible.builtin.shell", {"cmd": streams_script(remote, argv)}, timeout_s=3600)
     rcs = dict(line.split() for line in str(res.get("stdout", "")).splitlines() if len(line.split()) == 2)
     out: dict[str, dict[str, Any]] = {}
     for kind in KINDS:

@@ -84,3 +84,18 @@ def test_the_report_files(tmp_path):
     assert rec.best == "pd" and all(f.exists() for f in files)
     assert "| pd | 0 | 2.00 | 1.50 | 0.95 | 12.0 | yes | 40 | 30 | 90 | 64/64 |" in files[1].read_text()
     assert files[2].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_streams_start_after_their_directory_exists(tmp_path):
+    """Both streams write their log and exit code into the fresh directory: the script once started the second
+    stream beside the rm/mkdir of the first and lost it ('cannot create .../long.log: Directory nonexistent')."""
+    import subprocess
+
+    for i in range(5):
+        remote = tmp_path / f"r{i}"
+        (remote).mkdir()
+        (remote / "stale.json").write_text("{}")
+        script = cpd.streams_script(str(remote), {"short": ["sh", "-c", "echo s"], "long": ["sh", "-c", "exit 3"]})
+        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+        assert out.stdout.split("\n")[:2] == ["short 0", "long 3"], out
+        assert (remote / "short.log").read_text() == "s\n" and not (remote / "stale.json").exists()
