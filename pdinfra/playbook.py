@@ -11,6 +11,7 @@ every event to ``<log>.events.jsonl`` next to it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -76,9 +77,11 @@ def runner_env(ansible_path: Path, env: dict[str, str] | None = None, **extra: s
 
 def inventory_source(source: Path | str) -> str:
     """An inventory path as the caller meant it: relative to the caller's directory, not to the one ansible-runner
-    starts Ansible in. Anything that is no path here (an inline host list such as ``"a,b,"``) stays as it is."""
+    starts Ansible in. Anything that is no path here (an inline host list such as ``"a,b,"``) stays as it is. Links
+    are kept: ``inventory/local-mooncake/hosts.yml`` links to the base inventory, and Ansible reads the overlay's
+    group_vars from the directory the path names, not from where the link points."""
     path = Path(source)
-    return str(path.resolve()) if path.exists() else str(source)
+    return os.path.abspath(path) if path.exists() else str(source)  # not resolve(): an overlay's hosts.yml is a link
 
 
 def inventory_args(inventory: Path | str | list[Path | str]) -> list[str]:
@@ -183,6 +186,38 @@ def result_message(res: dict[str, Any], failed: bool = False) -> str:
     return "\n".join(parts)
 
 
+class Descendants:
+    """This process's descendants, as last seen: ansible-runner's cancel callback refreshes the list about every
+    second. A run stopped at its bound loses its process tree's top: ansible-runner SIGKILLs ansible-playbook's
+    process group, but the workers Ansible forked can sit outside it and then live on, blocked for good on the dead
+    controller's pipe (seen after `test_a_run_past_its_bound_is_stopped_and_says_so`). ``reap`` ends those."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def snap(self) -> bool:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            self.seen = psutil.Process().children(recursive=True)
+        return False
+
+    def reap(self) -> int:
+        """Kill every process of the last snapshot that still runs (``is_running`` also checks its start time, so a
+        reused PID is left alone); how many were killed."""
+        import psutil
+
+        killed = 0
+        for proc in self.seen:
+            try:
+                if proc.is_running():
+                    proc.kill()
+                    killed += 1
+            except psutil.Error:
+                pass
+        return killed
+
+
 class _Run:
     """The event handler of one run: keeps the tasks, failures and recap and prints the progress."""
 
@@ -196,6 +231,7 @@ class _Run:
         self.current: Task | None = None
         self.announced = False
         self.skipped_in_play = 0
+        self.descendants = Descendants()
         # host -> "item X: message" of the loop items that failed in the current task (runner_item_on_failed: the
         # task's own result lists its items without saying which failed)
         self.failed_items: dict[str, list[str]] = {}
@@ -223,7 +259,8 @@ class _Run:
 
     def tick(self) -> bool:
         """ansible-runner's cancel callback, called about every second: a long task gets its line before it ends.
-        Never cancels."""
+        Never cancels; it also keeps the list of processes a stopped run must not leave behind."""
+        self.descendants.snap()
         t = self.current
         if t and not self.announced and time.monotonic() - self.t0 - t.start_s >= LONG_TASK_S:
             self.announced = True
@@ -380,7 +417,9 @@ def run_playbook(
             run.close()
     rescued = run.take_rescued()
     if status == "timeout":
-        run.failures.append(Failure("", "ansible-playbook", f"stopped after {timeout_s:.0f} s (the run's bound)"))
+        left = run.descendants.reap()
+        run.failures.append(Failure("", "ansible-playbook", f"stopped after {timeout_s:.0f} s (the run's bound)"
+                                    + (f"; killed {left} process(es) it left behind" if left else "")))  # fmt: skip
         rc = rc or 124
     if rc != 0 and not run.failures:  # stopped before any task (a parse error): its own words
         words = [*run.output, *stderr.splitlines()]
@@ -409,8 +448,9 @@ def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float 
     otherwise land in that directory and vanish with it."""
     import ansible_runner
 
-    args = {k: str(Path(v).resolve()) if k in CONTROLLER_PATHS.get(module, ()) else v for k, v in args.items()}
+    args = {k: os.path.abspath(v) if k in CONTROLLER_PATHS.get(module, ()) else v for k, v in args.items()}
     results: list[dict] = []
+    descendants = Descendants()
 
     def keep(event: dict[str, Any]) -> bool:
         if event.get("event") in _RESULTS and (event.get("event_data") or {}).get("host") == host:
@@ -421,10 +461,13 @@ def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float 
         runner = ansible_runner.run(
             private_data_dir=private, ident="run", host_pattern=host, module=module, module_args=json.dumps(args),
             inventory=inventory_source(inventory), quiet=True, suppress_env_files=True, event_handler=keep,
+            cancel_callback=descendants.snap,
             envvars=runner_env(Path(ansible_bin("ansible")).parent), timeout=max(1, math.ceil(timeout_s)),
             fact_cache_type=None,
         )  # fmt: skip
         status = runner.status
+    if status == "timeout":
+        descendants.reap()
     if results:
         res = results[-1]
         failed = res.pop("_status") in ("failed", "unreachable")

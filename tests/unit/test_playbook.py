@@ -201,6 +201,11 @@ def test_a_run_past_its_bound_is_stopped_and_says_so(tmp_path):
     res = run_playbook("localhost,", book, LOCAL, log=tmp_path / "slow.log", timeout_s=5)
     assert res.rc != 0 and res.seconds < 40
     assert any("stopped after 5 s" in f.msg for f in res.failures), res.failures
+    # nothing of the run lives on: Ansible's forked worker once stayed, blocked on the killed controller's pipe
+    import psutil
+
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(book) in " ".join(p.info["cmdline"] or [])]
+    assert left == [], [(p.pid, p.cmdline()) for p in left]
 
 
 @pytest.mark.slow
@@ -227,3 +232,16 @@ def test_adhoc_paths_are_the_callers_relative_ones(tmp_path, monkeypatch):
                 {"src": str(tmp_path / "src.txt"), "dest": "out/fetched.txt", "flat": True}, timeout_s=120)  # fmt: skip
     assert not got.get("failed"), got
     assert (tmp_path / "out" / "fetched.txt").read_text() == "kept\n"
+
+
+def test_an_overlay_inventory_keeps_its_own_directory():
+    """inventory/local-mooncake/hosts.yml is a link to the base inventory: the path handed to Ansible must stay in the
+    overlay's directory (its group_vars set the connector); resolving the link rendered NIXL for the Mooncake
+    overlay."""
+    from pdinfra import paths
+    from pdinfra.playbook import inventory_args
+
+    overlay = paths.REPO / "inventory" / "local-mooncake" / "hosts.yml"
+    assert overlay.is_symlink()
+    assert inventory_args(overlay) == ["-i", str(overlay)]
+    assert inventory_args("localhost,") == ["-i", "localhost,"]
