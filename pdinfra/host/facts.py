@@ -61,6 +61,7 @@ try:  # on a managed host: the module_utils files Ansible ships beside this one
         nvidia_driver,
         parse_nvidia_version,
         pci_nvidia,
+        pcie_acs,
         write_nvml_record,
     )
     from ansible.module_utils.pdinfra_facts_net import (  # noqa: F401
@@ -108,6 +109,7 @@ except ImportError:  # pdinfra itself (the controller, `pdinfra facts`)
         nvidia_driver,
         parse_nvidia_version,
         pci_nvidia,
+        pcie_acs,
         write_nvml_record,
     )
     from pdinfra.host.facts_net import (  # noqa: F401
@@ -458,6 +460,7 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
     section("gpus.sysfs", lambda: add_sysfs_pcie(host, gpus), None)
 
     rdma_facts = section("rdma", lambda: rdma(host), {"present": False, "devices": []})
+    pci = section("pci", lambda: pci_nvidia(host), {"available": False, "reason": "sysfs PCI scan crashed"})
     name_file = None if host.live else host.line("etc/hostname")
     hostname = socket.gethostname() if host.live else name_file or os.path.basename(host.root)
     return {
@@ -473,7 +476,8 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
         "nvidia_driver": section("nvidia_driver", lambda: nvidia_driver(host), {"loaded": False}),
         "modules": section("modules", lambda: modules(host), {"available": False}),
         "gpus": gpus,
-        "pci": section("pci", lambda: pci_nvidia(host), {"available": False, "reason": "sysfs PCI scan crashed"}),
+        "pci": pci,
+        "pcie_acs": section("pcie_acs", lambda: pcie_acs(host, gpus, pci, rdma_facts), None),
         "fabric_manager": section("fabric_manager", lambda: fabric_manager(host), {"installed": False}),
         "rdma": rdma_facts,
         "kernel_log": section("kernel_log", lambda: kernel_log(host), {"readable": False, "xids": []}),

@@ -146,6 +146,17 @@ class Host:
     def exists(self, rel: str) -> bool:
         return os.path.exists(self.path(rel))
 
+    def realpath(self, rel: str) -> str | None:
+        """``rel`` with its symlinks resolved, relative to the root (``sys/devices/pci0000:15/...``); None when it is
+        absent or resolves outside the root (a recorded tree's link that points at the recording machine)."""
+        path = self.path(rel)
+        if not os.path.exists(path):
+            return None
+        real, root = os.path.realpath(path), os.path.realpath(self.root)
+        if root == "/":
+            return real.lstrip("/")
+        return real[len(root) + 1 :] if real.startswith(root + os.sep) else None
+
     def listdir(self, rel: str) -> list[str] | None:
         try:
             return sorted(os.listdir(self.path(rel)))

@@ -407,6 +407,69 @@ def pci_nvidia(host: Host) -> dict[str, Any]:
     return out
 
 
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+ACS_CAP_ID = 0x000D  # PCIe extended capability "Access Control Services"
+# The ACS Control register's bits (PCIe base spec, ACS Control Register; lspci prints them as ACSCtl).
+ACS_CTL_BITS = {0x1: "SrcValid", 0x2: "TransBlk", 0x4: "ReqRedir", 0x8: "CmpltRedir", 0x10: "UpstreamFwd",
+                0x20: "EgressCtrl", 0x40: "DirectTrans"}  # fmt: skip
+
+
+def acs_control(config: bytes) -> tuple[bool, int | None]:
+    """(readable, ACS Control register) from a PCI function's config space. Unreadable when the extended space is
+    missing (sysfs gives non-root readers the first 64 bytes only); ``(True, None)`` when the function has no ACS
+    capability, which then cannot redirect anything."""
+    if len(config) <= 0x100:
+        return (False, None)
+    off, seen = 0x100, set()
+    while off >= 0x100 and off + 8 <= len(config) and off not in seen:
+        seen.add(off)
+        header = int.from_bytes(config[off : off + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            break
+        if header & 0xFFFF == ACS_CAP_ID:
+            return (True, int.from_bytes(config[off + 6 : off + 8], "little"))
+        off = (header >> 20) & 0xFFC
+    return (True, None)
+
+
+def pcie_acs(host: Host, gpus: dict[str, Any], pci: dict[str, Any], rdma: dict[str, Any]) -> dict[str, Any]:
+    """Where each GPU and RDMA NIC sits in the PCI tree (sysfs' device link: its bridges, the root port first) and
+    the ACS Control register of every bridge above them. A device whose link does not lead into
+    ``sys/devices/pci*`` has ``bridges`` None (not recorded, or not resolvable): never taken for "no switch"."""
+    ends: dict[str, dict[str, str]] = {}
+    for bdf in pci.get("gpus") or []:
+        ends[bdf] = {"kind": "gpu", "name": bdf}
+    for i, dev in enumerate(gpus.get("devices") or []):
+        if dev.get("bus_id"):
+            ends[normalise_bdf(dev["bus_id"])] = {"kind": "gpu", "name": f"GPU{dev.get('index', i)}"}
+    for dev in rdma.get("devices") or []:
+        if dev.get("pci"):
+            ends[str(dev["pci"]).lower()] = {"kind": "nic", "name": str(dev.get("name"))}
+    devices: dict[str, Any] = {}
+    bridges: dict[str, Any] = {}
+    for bdf, end in sorted(ends.items()):
+        real = host.realpath(f"sys/bus/pci/devices/{bdf}")
+        parts = real.split("/") if real else []
+        if parts[:2] != ["sys", "devices"] or len(parts) < 3 or not parts[2].startswith("pci"):
+            devices[bdf] = dict(end, bridges=None)
+            continue
+        chain = [p for p in parts[3:] if _BDF.match(p)]
+        ups = chain[:-1] if chain and chain[-1] == bdf else chain
+        devices[bdf] = dict(end, bridges=ups)
+        for i, bridge in enumerate(ups):
+            if bridge in bridges:
+                continue
+            readable, ctl = acs_control(host.read_bytes(f"sys/bus/pci/devices/{bridge}/config") or b"")
+            bridges[bridge] = {
+                "root_port": i == 0,
+                "readable": readable,
+                "acs": ctl is not None,
+                "ctl": ctl,
+                "flags": [n for bit, n in ACS_CTL_BITS.items() if ctl is not None and ctl & bit],
+            }
+    return {"devices": devices, "bridges": bridges}
+
+
 def fabric_manager(host: Host) -> dict[str, Any]:
     for binary in FABRIC_MANAGER_BINARIES:
         found, out = host.run([binary, "--version"])

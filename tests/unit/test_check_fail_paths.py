@@ -72,6 +72,10 @@ def _port_counters(dev: int, **kw: Any) -> Mutator:
     return lambda f: f["rdma"]["devices"][dev]["ports"][0]["counters"].update(kw)
 
 
+def _acs(bridge: str, *flags: str) -> Mutator:
+    return lambda f: f["pcie_acs"]["bridges"][bridge].update(flags=list(flags))
+
+
 FAIL_CASES: list[tuple[str, str, Mutator, dict[str, Any]]] = [
     # (case, check that must fail, facts mutation, expectation overrides)
     ("kernel 5.10", "os.kernel_version", lambda f: f["kernel"].update(version=[5, 10, 0], release="5.10.0"), {}),
@@ -134,6 +138,8 @@ FAIL_CASES: list[tuple[str, str, Mutator, dict[str, Any]]] = [
     ("GPU non-fatal AER", "pcie.aer", _gpu_aer(3, nonfatal=1, detail={"nonfatal": {"CmpltTO": 1}}), {}),
     ("GPU fatal AER", "pcie.aer", _gpu_aer(3, fatal=1), {}),
     ("rail NIC non-fatal AER", "pcie.aer", lambda f: f["rdma"]["devices"][5]["aer"].update(nonfatal=2), {}),
+    ("ACS redirect above GPU 0", "pcie.acs", _acs("0000:17:00.0", "SrcValid", "ReqRedir", "CmpltRedir"), {}),
+    ("ACS egress control above rail NIC 5", "pcie.acs", _acs("0000:aa:01.0", "EgressCtrl"), {}),
     ("rail link went down twice", "rdma.link_flaps", _port_counters(2, link_downed=2), {}),
     ("rail link retrained", "rdma.link_flaps", _port_counters(2, link_error_recovery=11), {}),
     ("rail port down", "rdma.ports", _port0(state="DOWN", phys_state="Disabled"), {}),
@@ -262,3 +268,34 @@ def test_mutation_every_fail_path_is_noticed():
         if not noticed:
             survivors.append(check.id)
     assert survivors == [], f"forcing these checks to pass went unnoticed: {survivors}"
+
+
+def test_acs_is_judged_on_switch_ports_only_and_unknown_is_no_pass():
+    """pcie.acs: a root port with redirect on (what Linux leaves with the IOMMU on) passes; a NIC outside the declared
+    rails only warns; an unreadable switch port (not root), an unplaced device or facts without the section are
+    "cannot verify"."""
+    out = _run(("", "", _acs("0000:15:01.0", "SrcValid", "ReqRedir", "CmpltRedir", "UpstreamFwd"), {}))
+    assert out["pcie.acs"].verdict == checks.PASS, out["pcie.acs"]
+    out = _run(("", "", _acs("0000:17:01.0", "ReqRedir"), {"rdma": []}))
+    assert out["pcie.acs"].verdict == checks.WARN and "mlx5_0" in out["pcie.acs"].evidence, out["pcie.acs"]
+    out = _run(("", "", lambda f: f["pcie_acs"]["bridges"]["0000:16:00.0"].update(readable=False, flags=[]), {}))
+    assert out["pcie.acs"].verdict == checks.WARN and "0000:16:00.0" in out["pcie.acs"].evidence, out["pcie.acs"]
+    out = _run(("", "", lambda f: f["pcie_acs"]["devices"]["0000:18:00.0"].update(bridges=None), {}))
+    assert out["pcie.acs"].verdict == checks.WARN and "GPU0 0000:18:00.0" in out["pcie.acs"].evidence
+    out = _run(("", "", lambda f: f.pop("pcie_acs"), {}))
+    assert out["pcie.acs"].verdict == checks.WARN and out["pcie.acs"].evidence.startswith("cannot verify")
+
+
+def test_acs_control_is_read_from_the_extended_config_space():
+    from pdinfra.host.facts_gpu import acs_control
+
+    cfg = bytearray(4096)
+    cfg[0x100:0x104] = (0x0001 | (2 << 16) | (0x148 << 20)).to_bytes(4, "little")  # AER, then ACS at 0x148
+    cfg[0x148:0x14C] = (0x000D | (1 << 16)).to_bytes(4, "little")
+    cfg[0x14E:0x150] = (0x001D).to_bytes(2, "little")
+    assert acs_control(bytes(cfg)) == (True, 0x001D)
+    assert acs_control(bytes(cfg[:64])) == (False, None)  # what sysfs gives a non-root reader
+    cfg[0x100:0x104] = (0x0001 | (2 << 16)).to_bytes(4, "little")  # AER is the last: no ACS capability
+    assert acs_control(bytes(cfg)) == (True, None)
+    cfg[0x100:0x104] = (0x0001 | (0x100 << 20)).to_bytes(4, "little")  # a loop in the list ends, no hang
+    assert acs_control(bytes(cfg)) == (True, None)

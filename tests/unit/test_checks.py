@@ -37,6 +37,7 @@ EXPECTED_FAILS = {
     "bad-hbm-error": {"gpu.ecc", "gpu.row_remap", "gpu.xid"},
     "bad-rail-flapping": {"rdma.link_flaps"},  # mlx5_4's link went down 3 times and retrained 17 times
     "bad-pcie-aer": {"pcie.aer"},  # GPU 1 logged non-fatal completion timeouts
+    "bad-acs-redirect": {"pcie.acs"},  # the switch ports above GPU 3 and mlx5_3 redirect peer traffic upstream
 }
 
 
@@ -64,6 +65,7 @@ def test_catalog_is_well_formed() -> None:
         "gpu.p2p", "gpu.pcie", "gpu.fabric", "gpu.fabric_manager", "gpu.dmabuf", "rdma.ports",
         "rdma.roce_v2_gid", "rdma.mtu", "ucx.transports", "serving.health", "serving.pd_consistency",
         "gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "rdma.link_flaps",
+        "pcie.acs",
     }  # fmt: skip
     assert required <= set(ids)
 
@@ -97,8 +99,9 @@ def test_recorded_h200x2_warns_only_about_what_the_recording_lacks() -> None:
         "serving.toolchain",  # nor its compilers (recorded before serving.toolchain existed)
         # nor any health counter (recorded before the health checks existed): "cannot verify", never a pass
         "gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer",
+        "pcie.acs",  # nor the GPUs' place in the PCI tree (sysfs' device links)
     }  # fmt: skip
-    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer"):
+    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "pcie.acs"):
         assert results[cid].evidence.startswith("cannot verify"), results[cid]
     assert results["rdma.link_flaps"].verdict == C.NA  # no RDMA device recorded, none declared
     assert results["gpu.fabric_manager"].verdict == C.PASS
@@ -374,12 +377,24 @@ def test_a_healthy_reuse_tier_node_has_no_failure(tmp_path) -> None:
 def test_a_healthy_one_gpu_h200_host_has_no_failure() -> None:
     """Live facts of a healthy one-GPU H200 host (recorded with docs/runs/2026-12-03-h200x1-acceptance): 0 fail, and
     the only warns are the two "cannot verify" the run explains (no aer_dev_* files for a passed-through GPU; no
-    ucx_info on the host)."""
+    ucx_info on the host), and pcie.acs's: these facts predate its section."""
     rec = REPO / "tests" / "fixtures" / "recorded" / "h200x1-acceptance"
     facts = json.loads((rec / "facts.json").read_text())
     results = C.run_checks(facts, C.Expect.load(rec / "expect.json"))
     assert [r for r in results if r.verdict == C.FAIL] == []
-    assert {r.id for r in results if r.verdict == C.WARN} == {"pcie.aer", "ucx.transports"}
+    assert {r.id for r in results if r.verdict == C.WARN} == {"pcie.aer", "ucx.transports", "pcie.acs"}
     by_id = {r.id: r for r in results}
     for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.xid", "serving.toolchain"):
         assert by_id[cid].verdict in (C.PASS, C.NA), by_id[cid]
+
+
+def test_a_healthy_one_gpu_h100_host_passes_pcie_acs() -> None:
+    """Live facts with the pcie_acs section, of a healthy one-GPU H100 host whose GPU sits on the root bus
+    (docs/runs/2026-12-05-h100x1-pcie-acs): 0 fail, the same two explained warns, pcie.acs passes."""
+    rec = REPO / "tests" / "fixtures" / "recorded" / "h100x1-pcie-acs"
+    facts = json.loads((rec / "facts.json").read_text())
+    by_id = {r.id: r for r in C.run_checks(facts, C.Expect.load(rec / "expect.json"))}
+    assert [i for i, r in by_id.items() if r.verdict == C.FAIL] == []
+    assert {i for i, r in by_id.items() if r.verdict == C.WARN} == {"pcie.aer", "ucx.transports"}
+    assert facts["pcie_acs"]["devices"]["0000:00:06.0"]["bridges"] == []
+    assert by_id["pcie.acs"].verdict == C.PASS and "no PCIe switch above" in by_id["pcie.acs"].evidence

@@ -60,13 +60,13 @@ def test_recorded_cluster_run_judged_again_under_the_profile_expectations():
     results = {r.id: r for r in checks.run_checks(facts, expect)}
     assert [i for i, r in results.items() if r.verdict == checks.FAIL] == []
     assert results["gpu.pci_count"].verdict == checks.PASS and "2 NVIDIA GPU" in results["gpu.pci_count"].evidence
-    # the recording predates the toolchain and health facts: its compilers and health counters are unknown, a warn
-    # (never a pass)
+    # the recording predates the toolchain, health and pcie_acs facts: its compilers, health counters and PCI tree are
+    # unknown, a warn (never a pass)
     assert [i for i, r in results.items() if r.verdict == checks.WARN] == [
-        "gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "ucx.transports",
-        "serving.toolchain",
+        "gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "pcie.acs",
+        "ucx.transports", "serving.toolchain",
     ]  # fmt: skip
-    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer"):
+    for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "pcie.acs"):
         assert results[cid].evidence.startswith("cannot verify"), results[cid]
     assert "17 pass, 1 warn, 0 fail, 5 n/a" in (CLUSTER_RUN / "validate-table.txt").read_text()
 

@@ -70,3 +70,81 @@ def pcie_aer(facts: Facts, expect: Expect) -> Outcome:
             "4.17 with AER; a VM's passthrough devices often have none).",
         )
     return ok(f"{len(targets)} device(s): 0 fatal, 0 non-fatal, {corr} correctable AER error(s) since boot")
+
+
+# The ACS Control bits that send peer-to-peer requests up to the root complex instead of across the switch.
+ACS_REDIRECT_FLAGS = ("ReqRedir", "CmpltRedir", "EgressCtrl")
+ACS_REMEDY = (
+    "Turn ACS redirect off on the PCIe switch ports above the GPUs and NICs: the BIOS setting (\"ACS\", \"PCIe ACS "
+    "control\") where it has one, else `setpci -s BDF ECAP_ACS+0x6.w=0000` for each port at every boot (NCCL's "
+    "troubleshooting guide). With it on, GPUDirect RDMA and GPU peer traffic detour through the CPU's root complex: "
+    "lower bandwidth, and NCCL or NIXL can hang."
+)
+
+
+@check("pcie.acs", "No ACS redirect on the PCIe switches above the GPUs and RDMA NICs", "pcie", gpu_only=True)
+def pcie_acs(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `pcie_acs.devices` (each GPU's and RDMA NIC's bridges, from sysfs' device links) and
+    `pcie_acs.bridges` (each bridge's ACS Control register, from its config space)
+
+    Rule: fail if a PCIe switch port above a GPU or a declared rail's NIC has ACS ReqRedir, CmpltRedir or EgressCtrl
+    on (warn for a NIC when no rail is declared); root ports are not judged (traffic between root ports crosses the
+    root complex anyway); warn if a device's place in the PCI tree or a switch port's extended config space cannot
+    be read (it needs root); pass otherwise
+
+    Remedy: ACS off on those switch ports (BIOS, or `setpci -s BDF ECAP_ACS+0x6.w=0000` at boot)
+    """
+    acs = facts.get("pcie_acs")
+    if not isinstance(acs, dict):
+        return warn(
+            "cannot verify: these facts have no pcie_acs section (gathered by a pdinfra without it)",
+            "Gather the facts again with this pdinfra (`pdinfra facts`, or `pdinfra validate` on the host).",
+        )
+    devices: dict[str, Any] = acs.get("devices") or {}
+    bridges: dict[str, Any] = acs.get("bridges") or {}
+    if not devices:
+        return warn("cannot verify: no GPU or RDMA NIC was found on the PCI bus",
+                    "Check /sys/bus/pci/devices on the host (gpu.pci_count says what the PCI bus shows).")  # fmt: skip
+    wanted = {dev["name"] for w in expect.rdma for dev, _ in _ports_for(facts, w.netdev)}
+    severe: dict[str, list[str]] = {}
+    minor: dict[str, list[str]] = {}
+    unplaced, unreadable, ports = [], set(), set()
+    for bdf, dev in sorted(devices.items()):
+        label = f"{dev.get('name')} {bdf}" if dev.get("name") != bdf else bdf
+        if dev.get("bridges") is None:
+            unplaced.append(label)
+            continue
+        strict = dev.get("kind") == "gpu" or (bool(expect.rdma) and dev.get("name") in wanted)
+        for bridge in dev["bridges"]:
+            info = bridges.get(bridge) or {}
+            if info.get("root_port"):
+                continue
+            ports.add(bridge)
+            if not info.get("readable"):
+                unreadable.add(bridge)
+                continue
+            on = [f for f in info.get("flags") or [] if f in ACS_REDIRECT_FLAGS]
+            if on:
+                key = f"{bridge} ({' '.join(f + '+' for f in on)})"
+                (severe if strict else minor).setdefault(key, []).append(label)
+
+    def said(found: dict[str, list[str]]) -> list[str]:
+        return [f"switch port {port} above {', '.join(below)}" for port, below in sorted(found.items())]
+
+    if severe:
+        return fail("ACS redirect on: " + _join(said(severe) + said(minor), 4), ACS_REMEDY)
+    if minor:
+        return warn("ACS redirect on above a NIC outside the declared rails: " + _join(said(minor), 4), ACS_REMEDY)
+    if unplaced or unreadable:
+        why = []
+        if unplaced:
+            why.append(f"{_join(unplaced, 4)}: place in the PCI tree unknown (no sysfs device link into /sys/devices)")
+        if unreadable:
+            why.append(f"switch port(s) {_join(sorted(unreadable), 4)}: extended config space unreadable")
+        return warn("cannot verify: " + "; ".join(why),
+                    "Run `pdinfra validate` as root (the ACS registers are in the extended config space), or read "
+                    "`lspci -vvv` (ACSCtl) for the bridges above each GPU and NIC.")  # fmt: skip
+    if not ports:
+        return ok(f"{len(devices)} device(s), no PCIe switch above them (on the root bus or a root port): nothing "
+                  "to redirect peer traffic")  # fmt: skip
+    return ok(f"{len(devices)} device(s) behind {len(ports)} PCIe switch port(s): ACS redirect off on every one")
