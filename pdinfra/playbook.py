@@ -187,28 +187,49 @@ def result_message(res: dict[str, Any], failed: bool = False) -> str:
 
 
 class Descendants:
-    """This process's descendants, as last seen: ansible-runner's cancel callback refreshes the list about every
+    """The processes of one Ansible run, as last seen: ansible-runner's cancel callback refreshes the list about every
     second. A run stopped at its bound loses its process tree's top: ansible-runner SIGKILLs ansible-playbook's
     process group, but the workers Ansible forked can sit outside it and then live on, blocked for good on the dead
-    controller's pipe (seen after `test_a_run_past_its_bound_is_stopped_and_says_so`). ``reap`` ends those."""
+    controller's pipe (seen after `test_a_run_past_its_bound_is_stopped_and_says_so`). ``reap`` ends those.
 
-    def __init__(self) -> None:
-        self.seen: list[Any] = []
+    Only this run's tree is taken: the children of this process started since the run began whose program is
+    ``program`` (``ansible-playbook``, ``ansible``), and their descendants. Anything else this process started
+    stays alive, such as the local test hosts' systemd-nspawn, which `pdinfra up` and the end-to-end session
+    start as their own children."""
+
+    def __init__(self, program: str) -> None:
+        self.program = program
+        self.since = time.time() - 1.0
+        self.seen: dict[int, Any] = {}  # every process of the run seen so far, by PID (a snapshot taken after the
+        # top was killed no longer finds its orphans, so none is forgotten)
+
+    def _ours(self, proc: Any) -> bool:
+        import psutil
+
+        try:
+            argv = proc.cmdline()[:2]
+            return proc.create_time() >= self.since and any(os.path.basename(a) == self.program for a in argv)
+        except psutil.Error:
+            return False
 
     def snap(self) -> bool:
         import psutil
 
         with contextlib.suppress(psutil.Error):
-            self.seen = psutil.Process().children(recursive=True)
+            for top in [p for p in psutil.Process().children() if self._ours(p)]:
+                self.seen.setdefault(top.pid, top)
+                with contextlib.suppress(psutil.Error):
+                    for proc in top.children(recursive=True):
+                        self.seen.setdefault(proc.pid, proc)
         return False
 
     def reap(self) -> int:
-        """Kill every process of the last snapshot that still runs (``is_running`` also checks its start time, so a
+        """Kill every process of the run seen that still runs (``is_running`` also checks its start time, so a
         reused PID is left alone); how many were killed."""
         import psutil
 
         killed = 0
-        for proc in self.seen:
+        for proc in self.seen.values():
             try:
                 if proc.is_running():
                     proc.kill()
@@ -231,7 +252,7 @@ class _Run:
         self.current: Task | None = None
         self.announced = False
         self.skipped_in_play = 0
-        self.descendants = Descendants()
+        self.descendants = Descendants("ansible-playbook")
         # host -> "item X: message" of the loop items that failed in the current task (runner_item_on_failed: the
         # task's own result lists its items without saying which failed)
         self.failed_items: dict[str, list[str]] = {}
@@ -450,7 +471,7 @@ def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float 
 
     args = {k: os.path.abspath(v) if k in CONTROLLER_PATHS.get(module, ()) else v for k, v in args.items()}
     results: list[dict] = []
-    descendants = Descendants()
+    descendants = Descendants("ansible")
 
     def keep(event: dict[str, Any]) -> bool:
         if event.get("event") in _RESULTS and (event.get("event_data") or {}).get("host") == host:

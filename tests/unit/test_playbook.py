@@ -8,6 +8,7 @@ skipped everywhere, a playbook Ansible cannot parse, a run past its bound, and a
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -198,7 +199,13 @@ def test_a_run_past_its_bound_is_stopped_and_says_so(tmp_path):
     book = tmp_path / "slow.yml"
     book.write_text(json.dumps([{"hosts": "all", "gather_facts": False,
                                  "tasks": [{"name": "Sleep", "ansible.builtin.command": "sleep 60"}]}]))  # fmt: skip
+    # a process of this one that is no part of the run (as the test hosts' nspawn is under `pdinfra up`) lives on
+    bystander = subprocess.Popen(["sleep", "120"])
     res = run_playbook("localhost,", book, LOCAL, log=tmp_path / "slow.log", timeout_s=5)
+    alive = bystander.poll() is None
+    bystander.kill()
+    bystander.wait()
+    assert alive
     assert res.rc != 0 and res.seconds < 40
     assert any("stopped after 5 s" in f.msg for f in res.failures), res.failures
     # nothing of the run lives on: Ansible's forked worker once stayed, blocked on the killed controller's pipe
