@@ -195,13 +195,15 @@ class Descendants:
     Only this run's tree is taken: the children of this process started since the run began whose program is
     ``program`` (``ansible-playbook``, ``ansible``), and their descendants. Anything else this process started
     stays alive, such as the local test hosts' systemd-nspawn, which `pdinfra up` and the end-to-end session
-    start as their own children."""
+    start as their own children. Two runs of the same program started at once from threads of one process would
+    see each other's processes: nothing in pdinfra does that."""
 
     def __init__(self, program: str) -> None:
         self.program = program
         self.since = time.time() - 1.0
-        self.seen: dict[int, Any] = {}  # every process of the run seen so far, by PID (a snapshot taken after the
-        # top was killed no longer finds its orphans, so none is forgotten)
+        # every process of the run seen so far, by PID and start time (a snapshot taken after the top was killed no
+        # longer finds its orphans, so none is forgotten; a reused PID is another entry)
+        self.seen: dict[tuple[int, float], Any] = {}
 
     def _ours(self, proc: Any) -> bool:
         import psutil
@@ -217,10 +219,10 @@ class Descendants:
 
         with contextlib.suppress(psutil.Error):
             for top in [p for p in psutil.Process().children() if self._ours(p)]:
-                self.seen.setdefault(top.pid, top)
                 with contextlib.suppress(psutil.Error):
-                    for proc in top.children(recursive=True):
-                        self.seen.setdefault(proc.pid, proc)
+                    for proc in [top, *top.children(recursive=True)]:
+                        with contextlib.suppress(psutil.Error):
+                            self.seen.setdefault((proc.pid, proc.create_time()), proc)
         return False
 
     def reap(self) -> int:
@@ -461,6 +463,15 @@ CONTROLLER_PATHS: dict[str, tuple[str, ...]] = {
 }
 
 
+def controller_path(value: Any) -> Any:
+    """A relative controller-side path made absolute from the caller's directory, its trailing separator kept (a
+    fetch ``dest`` ending in / is a directory, a copy ``src`` ending in / means its contents); absolute paths,
+    ``~`` paths (Ansible expands them) and anything not a string stay as they are."""
+    if not isinstance(value, str) or not value or os.path.isabs(value) or value.startswith("~"):
+        return value
+    return os.path.abspath(value) + (os.sep if value.endswith(os.sep) else "")
+
+
 def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float = 600) -> dict:
     """One ad-hoc module run on one inventory host, through ansible-runner: the module's result
     (``{"failed": True, "msg": ...}`` when there is none). ansible-runner starts an ad-hoc Ansible in its temporary
@@ -469,7 +480,7 @@ def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float 
     otherwise land in that directory and vanish with it."""
     import ansible_runner
 
-    args = {k: os.path.abspath(v) if k in CONTROLLER_PATHS.get(module, ()) else v for k, v in args.items()}
+    args = {k: controller_path(v) if k in CONTROLLER_PATHS.get(module, ()) else v for k, v in args.items()}
     results: list[dict] = []
     descendants = Descendants("ansible")
 

@@ -229,9 +229,10 @@ def streams_script(remote: str, argv: dict[str, list[str]]) -> str:
     """The shell script that runs the streams at once in a fresh ``remote`` and prints ``KIND RC`` per stream. The
     directory is made before any stream starts: with ``rm && mkdir && (a) & (b) &`` the first ``&`` would put the
     ``rm`` and ``mkdir`` in the background beside the second stream, which then raced them."""
-    streams = "".join(f"({shlex.join(a)} >{remote}/{k}.log 2>&1; echo $? >{remote}/{k}.rc) & " for k, a in argv.items())
-    return (f"rm -rf {remote} && mkdir -p {remote} || exit 1; {streams}wait; "
-            f"for k in {' '.join(argv)}; do echo $k $(cat {remote}/$k.rc); done")  # fmt: skip
+    d = shlex.quote(remote)
+    streams = "".join(f"({shlex.join(a)} >{d}/{k}.log 2>&1; echo $? >{d}/{k}.rc) & " for k, a in argv.items())
+    return (f"rm -rf {d} && mkdir -p {d} || exit 1; {streams}wait; "
+            f"for k in {' '.join(argv)}; do echo $k $(cat {d}/$k.rc); done")  # fmt: skip
 
 
 def run_mixed(inventory: Path, cluster: Cluster, slo: SLO, workload: Workload, config: Config, tag: str, seed: int,

@@ -19,8 +19,12 @@ from rich.table import Table
 from pdinfra.bench import plan as P
 from pdinfra.bench import runner as R
 from pdinfra.cli.common import DEFAULT_INV, Inv, console, resolved_cluster, step
+from pdinfra.cluster.schema import PDINFRA_VARS
 
 app = typer.Typer(no_args_is_help=True, help="SLO benchmarks: vllm bench serve sweeps, analysis, report.")
+
+#: pdinfra_venv's default (the cluster schema), for the dry run's commands
+DEFAULT_VENV = next(v.default for v in PDINFRA_VARS if v.name == "pdinfra_venv")
 
 
 def _ints(text: str | None) -> tuple[int, ...] | None:
@@ -120,7 +124,7 @@ def bench_plan_cmd(
     backend: Annotated[str, typer.Option(help="vllm or openai (both use /v1/completions)")] = "vllm",
     run_id: Annotated[str, typer.Option(help="run id the seeds are derived from")] = "DRYRUN",
     remote_dir: Annotated[str, typer.Option(help="result directory on the client node")] = R.DEFAULT_REMOTE_DIR,
-    venv: Annotated[str, typer.Option(help="serving venv on the client node (pdinfra_venv)")] = "/opt/pdinfra/venv",
+    venv: Annotated[str, typer.Option(help="serving venv on the client node (pdinfra_venv)")] = DEFAULT_VENV,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan and commands as JSON")] = False,
 ) -> None:
     """Print the sweep and the exact `vllm bench serve` command of every point (a dry run: nothing runs)."""

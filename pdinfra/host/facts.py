@@ -477,7 +477,7 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
         "modules": section("modules", lambda: modules(host), {"available": False}),
         "gpus": gpus,
         "pci": pci,
-        "pcie_acs": section("pcie_acs", lambda: pcie_acs(host, gpus, pci, rdma_facts), None),
+        "pcie_acs": section("pcie_acs", lambda: pcie_acs(host, gpus, pci, rdma_facts), {"failed": True}),
         "fabric_manager": section("fabric_manager", lambda: fabric_manager(host), {"installed": False}),
         "rdma": rdma_facts,
         "kernel_log": section("kernel_log", lambda: kernel_log(host), {"readable": False, "xids": []}),

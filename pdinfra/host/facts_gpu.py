@@ -407,8 +407,11 @@ def pci_nvidia(host: Host) -> dict[str, Any]:
     return out
 
 
-_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")  # VMD domains have 5 hex digits
 ACS_CAP_ID = 0x000D  # PCIe extended capability "Access Control Services"
+PCIE_CAP_ID = 0x10  # the standard capability "PCI Express"; its Device/Port Type: 4 root port, 5/6 switch up/down
+PORT_TYPES = {0x4: "root port", 0x5: "switch upstream port", 0x6: "switch downstream port", 0x7: "PCIe-PCI bridge",
+              0x8: "PCI-PCIe bridge", 0x9: "RC integrated endpoint", 0xA: "RC event collector"}  # fmt: skip
 # The ACS Control register's bits (PCIe base spec, ACS Control Register; lspci prints them as ACSCtl).
 ACS_CTL_BITS = {0x1: "SrcValid", 0x2: "TransBlk", 0x4: "ReqRedir", 0x8: "CmpltRedir", 0x10: "UpstreamFwd",
                 0x20: "EgressCtrl", 0x40: "DirectTrans"}  # fmt: skip
@@ -416,15 +419,18 @@ ACS_CTL_BITS = {0x1: "SrcValid", 0x2: "TransBlk", 0x4: "ReqRedir", 0x8: "CmpltRe
 
 def acs_control(config: bytes) -> tuple[bool, int | None]:
     """(readable, ACS Control register) from a PCI function's config space. Unreadable when the extended space is
-    missing (sysfs gives non-root readers the first 64 bytes only); ``(True, None)`` when the function has no ACS
-    capability, which then cannot redirect anything."""
-    if len(config) <= 0x100:
+    missing (sysfs gives non-root readers the first 64 bytes only) or reads as all ones (what a failed config read
+    returns: a device gone, a link down); ``(True, None)`` when the function has no ACS capability, which then
+    cannot redirect anything."""
+    if len(config) <= 0x100 or config[0:2] == b"\xff\xff":
         return (False, None)
     off, seen = 0x100, set()
     while off >= 0x100 and off + 8 <= len(config) and off not in seen:
         seen.add(off)
         header = int.from_bytes(config[off : off + 4], "little")
-        if header in (0, 0xFFFFFFFF):
+        if header == 0xFFFFFFFF:
+            return (False, None)
+        if header == 0:
             break
         if header & 0xFFFF == ACS_CAP_ID:
             return (True, int.from_bytes(config[off + 6 : off + 8], "little"))
@@ -432,10 +438,26 @@ def acs_control(config: bytes) -> tuple[bool, int | None]:
     return (True, None)
 
 
+def port_type(config: bytes) -> int | None:
+    """The Device/Port Type of a PCIe function (its PCI Express capability, bits 7:4 of the capability register), or
+    None when the standard capability list has none or is not there."""
+    if len(config) < 0x40 or not config[0x06] & 0x10:  # Status: Capabilities List
+        return None
+    off, seen = config[0x34] & 0xFC, set()
+    while off >= 0x40 and off + 4 <= len(config) and off not in seen:
+        seen.add(off)
+        if config[off] == PCIE_CAP_ID:
+            return (int.from_bytes(config[off + 2 : off + 4], "little") >> 4) & 0xF
+        off = config[off + 1] & 0xFC
+    return None
+
+
 def pcie_acs(host: Host, gpus: dict[str, Any], pci: dict[str, Any], rdma: dict[str, Any]) -> dict[str, Any]:
-    """Where each GPU and RDMA NIC sits in the PCI tree (sysfs' device link: its bridges, the root port first) and
-    the ACS Control register of every bridge above them. A device whose link does not lead into
-    ``sys/devices/pci*`` has ``bridges`` None (not recorded, or not resolvable): never taken for "no switch"."""
+    """Where each GPU and RDMA NIC sits in the PCI tree (sysfs' device link: its bridges, nearest the root first) and
+    the ACS Control register and port type of every bridge above them. A bridge is a root port by its PCI Express
+    capability, by its place (first under the host bridge) where that is unreadable. A device whose link leads into
+    no ``pci<domain>:<bus>`` directory under ``sys/devices`` has ``bridges`` None (not recorded, or not resolvable):
+    never taken for "no switch"."""
     ends: dict[str, dict[str, str]] = {}
     for bdf in pci.get("gpus") or []:
         ends[bdf] = {"kind": "gpu", "name": bdf}
@@ -450,18 +472,25 @@ def pcie_acs(host: Host, gpus: dict[str, Any], pci: dict[str, Any], rdma: dict[s
     for bdf, end in sorted(ends.items()):
         real = host.realpath(f"sys/bus/pci/devices/{bdf}")
         parts = real.split("/") if real else []
-        if parts[:2] != ["sys", "devices"] or len(parts) < 3 or not parts[2].startswith("pci"):
+        # sys/devices/pci0000:15/... on bare metal; sys/devices/LNXSYSTM:00/.../pci7870:00/... under Hyper-V
+        # (the last such directory: behind Intel VMD the devices hang under a second host bridge, pci10000:e0)
+        tops = [i for i, p in enumerate(parts) if re.fullmatch(r"pci[0-9a-f]{4,}:[0-9a-f]{2}", p)]
+        top = tops[-1] if tops else None
+        if parts[:2] != ["sys", "devices"] or top is None:
             devices[bdf] = dict(end, bridges=None)
             continue
-        chain = [p for p in parts[3:] if _BDF.match(p)]
+        chain = [p for p in parts[top + 1 :] if _BDF.match(p)]
         ups = chain[:-1] if chain and chain[-1] == bdf else chain
         devices[bdf] = dict(end, bridges=ups)
         for i, bridge in enumerate(ups):
             if bridge in bridges:
                 continue
-            readable, ctl = acs_control(host.read_bytes(f"sys/bus/pci/devices/{bridge}/config") or b"")
+            config = host.read_bytes(f"sys/bus/pci/devices/{bridge}/config") or b""
+            readable, ctl = acs_control(config)
+            kind = port_type(config) if readable else None
             bridges[bridge] = {
-                "root_port": i == 0,
+                "port_type": PORT_TYPES.get(kind, f"type {kind}") if kind is not None else None,
+                "root_port": kind == 0x4 if kind is not None else i == 0,
                 "readable": readable,
                 "acs": ctl is not None,
                 "ctl": ctl,

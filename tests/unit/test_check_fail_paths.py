@@ -299,3 +299,67 @@ def test_acs_control_is_read_from_the_extended_config_space():
     assert acs_control(bytes(cfg)) == (True, None)
     cfg[0x100:0x104] = (0x0001 | (0x100 << 20)).to_bytes(4, "little")  # a loop in the list ends, no hang
     assert acs_control(bytes(cfg)) == (True, None)
+    assert acs_control(b"\xff" * 4096) == (False, None)  # a failed config read (device gone, link down)
+
+
+def _bridge_config(port: int, acs_ctl: int | None) -> bytes:
+    cfg = bytearray(4096)
+    cfg[0x06], cfg[0x34] = 0x10, 0x40
+    cfg[0x40:0x44] = bytes([0x10, 0x00]) + ((port << 4) | 2).to_bytes(2, "little")
+    if acs_ctl is not None:
+        cfg[0x100:0x104] = (0x000D | (1 << 16)).to_bytes(4, "little")
+        cfg[0x106:0x108] = acs_ctl.to_bytes(2, "little")
+    return bytes(cfg)
+
+
+def _tree(root: Path, chain: list[str], bridges: dict[str, bytes]) -> None:
+    """sys/devices/<chain...> with each bridge's config, and sys/bus/pci/devices/<bdf> links into it."""
+    import os
+
+    for depth, part in enumerate(chain):
+        d = root / "sys" / "devices" / Path(*chain[: depth + 1])
+        d.mkdir(parents=True, exist_ok=True)
+        if part in bridges:
+            (d / "config").write_bytes(bridges[part])
+        if ":" in part and "." in part:
+            link = root / "sys" / "bus" / "pci" / "devices" / part
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(d, link.parent))
+
+
+def test_pcie_acs_facts_place_devices_by_port_type_vmd_and_hyperv(tmp_path):
+    """Root ports are told by their PCI Express capability, not by being first; Intel VMD's second host bridge
+    (domain 10000) and Hyper-V's VMBus path are followed."""
+    from pdinfra.host.facts_base import Host
+    from pdinfra.host.facts_gpu import pcie_acs
+
+    gpu = {"devices": [{"index": 0, "bus_id": "00000000:03:00.0"}]}
+    # a switch downstream port first under the host bridge (no root port above it), redirecting
+    _tree(tmp_path / "a", ["pci0000:00", "0000:00:02.0", "0000:03:00.0"], {"0000:00:02.0": _bridge_config(6, 0x1D)})
+    got = pcie_acs(Host(str(tmp_path / "a")), gpu, {}, {})
+    assert got["bridges"]["0000:00:02.0"]["root_port"] is False
+    assert got["bridges"]["0000:00:02.0"]["port_type"] == "switch downstream port"
+    # VMD: a root port in domain 10000 behind the VMD endpoint of domain 0000
+    vmd = {"devices": [{"index": 0, "bus_id": "10000:e1:00.0"}]}
+    _tree(tmp_path / "v", ["pci0000:00", "0000:00:0e.0", "pci10000:e0", "10000:e0:1a.0", "10000:e1:00.0"],
+          {"10000:e0:1a.0": _bridge_config(4, 0x1D)})  # fmt: skip
+    got = pcie_acs(Host(str(tmp_path / "v")), vmd, {}, {})
+    assert got["devices"]["10000:e1:00.0"]["bridges"] == ["10000:e0:1a.0"]
+    assert got["bridges"]["10000:e0:1a.0"]["root_port"] is True
+    # Hyper-V: the GPU on a VMBus PCI bus of its own, no bridge above it
+    hv = {"devices": [{"index": 0, "bus_id": "00007870:00:00.0"}]}
+    _tree(tmp_path / "h", ["LNXSYSTM:00", "VMBUS:00", "7870-0000", "pci7870:00", "7870:00:00.0"], {})
+    got = pcie_acs(Host(str(tmp_path / "h")), hv, {}, {})
+    assert got["devices"]["7870:00:00.0"]["bridges"] == []
+
+
+def test_a_switch_port_first_under_the_host_bridge_is_judged():
+    out = _run(("", "", lambda f: f["pcie_acs"]["bridges"]["0000:15:01.0"].update(
+        root_port=False, flags=["ReqRedir"]), {}))  # fmt: skip
+    assert out["pcie.acs"].verdict == checks.FAIL, out["pcie.acs"]
+
+
+def test_failed_pcie_acs_gathering_is_said_so():
+    out = _run(("", "", lambda f: f.update(pcie_acs={"failed": True}), {}))
+    r = out["pcie.acs"]
+    assert r.verdict == checks.WARN and "gathering the pcie_acs facts failed" in r.evidence, r

@@ -252,3 +252,12 @@ def test_an_overlay_inventory_keeps_its_own_directory():
     assert overlay.is_symlink()
     assert inventory_args(overlay) == ["-i", str(overlay)]
     assert inventory_args("localhost,") == ["-i", "localhost,"]
+
+
+def test_controller_paths_keep_their_meaning(tmp_path, monkeypatch):
+    from pdinfra.playbook import controller_path
+
+    monkeypatch.chdir(tmp_path)
+    assert controller_path("out/x.json") == str(tmp_path / "out" / "x.json")
+    assert controller_path("out/") == str(tmp_path / "out") + "/"  # a directory stays one
+    assert controller_path("~/x") == "~/x" and controller_path("/abs/x") == "/abs/x"

@@ -85,16 +85,22 @@ ACS_REMEDY = (
 @check("pcie.acs", "No ACS redirect on the PCIe switches above the GPUs and RDMA NICs", "pcie", gpu_only=True)
 def pcie_acs(facts: Facts, expect: Expect) -> Outcome:
     """Reads: `pcie_acs.devices` (each GPU's and RDMA NIC's bridges, from sysfs' device links) and
-    `pcie_acs.bridges` (each bridge's ACS Control register, from its config space)
+    `pcie_acs.bridges` (each bridge's port type and ACS Control register, from its config space)
 
     Rule: fail if a PCIe switch port above a GPU or a declared rail's NIC has ACS ReqRedir, CmpltRedir or EgressCtrl
-    on (warn for a NIC when no rail is declared); root ports are not judged (traffic between root ports crosses the
-    root complex anyway); warn if a device's place in the PCI tree or a switch port's extended config space cannot
-    be read (it needs root); pass otherwise
+    on; warn for such a port above any other RDMA NIC; root ports are not judged (traffic between root ports crosses
+    the root complex anyway); warn "cannot verify" if no GPU or NIC was found on the PCI bus, a device's place in the
+    PCI tree is unknown, a switch port's extended config space cannot be read (it needs root) or the facts have no
+    such section; pass otherwise
 
     Remedy: ACS off on those switch ports (BIOS, or `setpci -s BDF ECAP_ACS+0x6.w=0000` at boot)
     """
     acs = facts.get("pcie_acs")
+    if isinstance(acs, dict) and acs.get("failed"):
+        return warn(
+            "cannot verify: gathering the pcie_acs facts failed (the facts' `errors` say why)",
+            "Run `pdinfra facts` on the host and read its errors; report the failure with them.",
+        )
     if not isinstance(acs, dict):
         return warn(
             "cannot verify: these facts have no pcie_acs section (gathered by a pdinfra without it)",
@@ -134,7 +140,8 @@ def pcie_acs(facts: Facts, expect: Expect) -> Outcome:
     if severe:
         return fail("ACS redirect on: " + _join(said(severe) + said(minor), 4), ACS_REMEDY)
     if minor:
-        return warn("ACS redirect on above a NIC outside the declared rails: " + _join(said(minor), 4), ACS_REMEDY)
+        where = "outside the declared rails" if expect.rdma else "(no rail declared)"
+        return warn(f"ACS redirect on above an RDMA NIC {where}: " + _join(said(minor), 4), ACS_REMEDY)
     if unplaced or unreadable:
         why = []
         if unplaced:
