@@ -180,6 +180,22 @@ class Host:
         return (True, proc.stdout + (proc.stderr if proc.returncode else ""))
 
 
+_BDF = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")  # Intel VMD's domains have 5 hex digits
+_HOST_BRIDGE = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")
+
+
+def pci_path(host: Host, bdf: str) -> list[str] | None:
+    """The PCI components of a device's place in sysfs, from its ``/sys/bus/pci/devices/<bdf>`` link: host bridge
+    directories (``pci0000:15``; behind Intel VMD a second one, ``pci10000:e0``) and the BDFs down to the device
+    itself, whatever else the path holds (Hyper-V's ``LNXSYSTM:00/.../pci7870:00``). None when the link does not
+    lead into ``sys/devices`` (absent, or a recorded tree without links)."""
+    real = host.realpath(f"sys/bus/pci/devices/{bdf}")
+    parts = real.split("/") if real else []
+    if parts[:2] != ["sys", "devices"]:
+        return None
+    return [p for p in parts[2:] if _HOST_BRIDGE.fullmatch(p) or _BDF.fullmatch(p)]
+
+
 def command_file_name(argv: list[str]) -> str:
     """File name under ``<root>/pdinfra-cmd/`` holding the recorded output of ``argv``."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", "_".join(argv)) + ".txt"

@@ -33,6 +33,7 @@ try:  # on a managed host: the module_utils files Ansible ships beside this one
         _str,
         normalise_bdf,
         pci_aer,
+        pci_path,
     )
 except ImportError:  # pdinfra itself (the controller, `pdinfra facts`)
     from pdinfra.host.facts_base import (  # noqa: F401
@@ -52,6 +53,7 @@ except ImportError:  # pdinfra itself (the controller, `pdinfra facts`)
         _str,
         normalise_bdf,
         pci_aer,
+        pci_path,
     )
 
 
@@ -407,7 +409,6 @@ def pci_nvidia(host: Host) -> dict[str, Any]:
     return out
 
 
-_BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")  # VMD domains have 5 hex digits
 ACS_CAP_ID = 0x000D  # PCIe extended capability "Access Control Services"
 PCIE_CAP_ID = 0x10  # the standard capability "PCI Express"; its Device/Port Type: 4 root port, 5/6 switch up/down
 PORT_TYPES = {0x4: "root port", 0x5: "switch upstream port", 0x6: "switch downstream port", 0x7: "PCIe-PCI bridge",
@@ -470,16 +471,13 @@ def pcie_acs(host: Host, gpus: dict[str, Any], pci: dict[str, Any], rdma: dict[s
     devices: dict[str, Any] = {}
     bridges: dict[str, Any] = {}
     for bdf, end in sorted(ends.items()):
-        real = host.realpath(f"sys/bus/pci/devices/{bdf}")
-        parts = real.split("/") if real else []
-        # sys/devices/pci0000:15/... on bare metal; sys/devices/LNXSYSTM:00/.../pci7870:00/... under Hyper-V
-        # (the last such directory: behind Intel VMD the devices hang under a second host bridge, pci10000:e0)
-        tops = [i for i, p in enumerate(parts) if re.fullmatch(r"pci[0-9a-f]{4,}:[0-9a-f]{2}", p)]
-        top = tops[-1] if tops else None
-        if parts[:2] != ["sys", "devices"] or top is None:
+        path = pci_path(host, bdf) or []
+        # below the last host bridge: behind Intel VMD the devices hang under a second one (pci10000:e0)
+        tops = [i for i, p in enumerate(path) if p.startswith("pci")]
+        if not tops:
             devices[bdf] = dict(end, bridges=None)
             continue
-        chain = [p for p in parts[top + 1 :] if _BDF.match(p)]
+        chain = path[tops[-1] + 1 :]
         ups = chain[:-1] if chain and chain[-1] == bdf else chain
         devices[bdf] = dict(end, bridges=ups)
         for i, bridge in enumerate(ups):

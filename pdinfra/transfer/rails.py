@@ -69,15 +69,11 @@ def _gid_index(port: dict[str, Any], wanted: str | None) -> int | None:
 
 
 def sysfs_pcie_path(bdf: str) -> list[str]:
-    """The PCIe hierarchy of a device on this machine: its resolved sysfs path's PCI components."""
-    import os
+    """The PCIe hierarchy of a device on this machine: its resolved sysfs path's PCI components (the host facts'
+    ``pci_path``, which ``pcie.acs`` reads too); empty when sysfs does not place it."""
+    from pdinfra.host.facts_base import Host, pci_path
 
-    try:
-        real = os.path.realpath(f"/sys/bus/pci/devices/{bdf}")
-    except OSError:
-        return []
-    pci = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}|[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d")
-    return [p for p in real.split("/") if pci.fullmatch(p)]
+    return pci_path(Host("/"), bdf) or []
 
 
 def _distance(gpath: list[str], npath: list[str], gnuma: Any, nnuma: Any) -> tuple[int, str]:

@@ -31,6 +31,11 @@ def _ports_for(facts: Facts, netdev: str) -> list[tuple[dict[str, Any], dict[str
     return found
 
 
+def _rail_nics(facts: Facts, expect: Expect) -> set[str]:
+    """The RDMA devices (``mlx5_3``) behind the declared rails' netdevs."""
+    return {dev["name"] for w in expect.rdma for dev, _ in _ports_for(facts, w.netdev)}
+
+
 def _join(items: Iterable[str], limit: int = 6) -> str:
     items = list(items)
     more = f" (+{len(items) - limit} more)" if len(items) > limit else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdinfra.cluster.expect import Expect
-from pdinfra.host.checks.common import _gpu_name, _join, _ports_for
+from pdinfra.host.checks.common import _gpu_name, _join, _rail_nics
 from pdinfra.host.checks.registry import Facts, Outcome, _devices, check, fail, na, ok, warn
 
 
@@ -15,7 +15,7 @@ def _aer_targets(facts: Facts, expect: Expect) -> list[tuple[str, dict[str, Any]
     out = [(_gpu_name(d), (d.get("pcie") or {}).get("aer"), True) for d in _devices(facts)] if expect.gpu else []
     nics = (facts.get("rdma") or {}).get("devices") or []
     if expect.rdma:
-        wanted = {dev["name"] for w in expect.rdma for dev, _ in _ports_for(facts, w.netdev)}
+        wanted = _rail_nics(facts, expect)
         nics = [n for n in nics if n.get("name") in wanted]
     return out + [(f"{n.get('name')} {n.get('pci') or '?'}", n.get("aer"), bool(expect.rdma)) for n in nics]
 
@@ -111,7 +111,7 @@ def pcie_acs(facts: Facts, expect: Expect) -> Outcome:
     if not devices:
         return warn("cannot verify: no GPU or RDMA NIC was found on the PCI bus",
                     "Check /sys/bus/pci/devices on the host (gpu.pci_count says what the PCI bus shows).")  # fmt: skip
-    wanted = {dev["name"] for w in expect.rdma for dev, _ in _ports_for(facts, w.netdev)}
+    wanted = _rail_nics(facts, expect)
     severe: dict[str, list[str]] = {}
     minor: dict[str, list[str]] = {}
     unplaced, unreadable, ports = [], set(), set()

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from pdinfra.cluster.expect import Expect
-from pdinfra.host.checks.common import _join, _ports_for
+from pdinfra.host.checks.common import _join, _ports_for, _rail_nics
 from pdinfra.host.checks.registry import Facts, Outcome, _devices, check, fail, na, ok, warn
 from pdinfra.host.facts import RDMA_PORT_COUNTERS
 
@@ -269,7 +269,7 @@ def rdma_pcie(facts: Facts, expect: Expect) -> Outcome:
     """
     devices = (facts.get("rdma") or {}).get("devices") or []
     if expect.rdma:
-        wanted = {dev["name"] for w in expect.rdma for dev, _ in _ports_for(facts, w.netdev)}
+        wanted = _rail_nics(facts, expect)
         devices = [d for d in devices if d["name"] in wanted]
     if not devices:
         return na("no RDMA device declared or present")
