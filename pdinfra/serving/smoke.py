@@ -7,7 +7,11 @@ Three proofs, each recorded with its evidence:
    transfer, and their prompt tokens came from ``external_kv_transfer``, not local compute; with the Mooncake PD
    connector (which exports no transfer metric) the decode instances' ``external_kv_transfer`` prompt tokens must
    cover the prompts;
-3. greedy output through P->D equals the decode instance's own greedy output for the same prompt;
+3. greedy output through P->D equals the decode instance's own greedy output for the same prompts (a short one
+   and one of about ten KV blocks), each request with a fresh ``cache_salt`` so that the P->D answer comes from
+   transferred KV and the decode's own from recomputed KV, never from a prefix-cache hit. The embedded test model's
+   answer depends on its whole prompt (pdinfra.serving.tinymodel), so a misplaced or corrupted KV block changes it
+   (tests/e2e/test_reliability.py corrupts blocks on purpose and sees this proof fail);
 4. with the KV reuse tier, a prompt one instance computed is served by an instance on another host with at least
    80% of its prompt tokens from the Mooncake store (``vllm:external_prefix_cache_hits``) and the same text.
 """
@@ -27,6 +31,13 @@ from typing import Any
 from pdinfra.cluster.model import Cluster
 
 PROMPT = "The prefill instance moves every block of the key-value cache to the decode instance because"
+# About ten KV blocks of 32 tokens with the tiny model's tokenizer: enough blocks that a misplaced one changes the
+# answer, short enough to cost nothing on CPU.
+LONG_PROMPT = " ".join(
+    f"Block {i}: the decode instance reads layer {i % 4} of the key-value cache from the prefill instance."
+    for i in range(16)
+)
+EQUALITY = "greedy P->D output equals the decode instance's own"
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
 
 
@@ -349,10 +360,37 @@ def _body(exc: urllib.error.HTTPError) -> str:
         return ""
 
 
+def equality_proof(ep: Endpoints, body: dict, routed: str, timeout: float = 300) -> Proof:
+    """The decode instance's own greedy answers equal the P->D ones: ``routed`` (the router's answer to ``body``)
+    and LONG_PROMPT's through the router, against the first decode instance asked directly. Every request has its
+    own ``cache_salt``: the routed answers come from transferred KV, the direct ones from KV the decode recomputed,
+    never from blocks the other request left in a prefix cache."""
+
+    def ask(url: str, b: dict) -> dict:
+        return post_json(url + "/v1/completions", b | {"cache_salt": uuid.uuid4().hex}, ep.api_key, timeout)
+
+    long_body = body | {"prompt": LONG_PROMPT}
+    try:
+        routed_texts = [routed, ask(ep.router, long_body)["choices"][0]["text"]]
+        direct = [ask(ep.decode[0], b) for b in (body, long_body)]
+        texts = [d["choices"][0]["text"] for d in direct]
+    except (OSError, KeyError, ValueError) as exc:  # URLError, resets and timeouts are OSErrors
+        return Proof(EQUALITY, False, f"{type(exc).__name__}: {exc}")
+    tokens = [int(d.get("usage", {}).get("prompt_tokens", 0)) for d in direct]
+    same = [r == t and bool(t) for r, t in zip(routed_texts, texts, strict=True)]
+    shown = "; ".join(f"{n} tokens: router {r[:24]!r} vs decode {t[:24]!r}"
+                      for n, r, t in zip(tokens, routed_texts, texts, strict=True))  # fmt: skip
+    return Proof(EQUALITY, all(same), f"{sum(same)}/{len(same)} prompts equal, KV never reused ({shown})")
+
+
 def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str = "pd") -> SmokeResult:
     """The smoke proofs; in the aggregated layout (no KV connector) the KV-transfer proof does not apply."""
     res = SmokeResult(endpoints=ep)
-    body = {"model": ep.model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "seed": 0}
+    # A fresh salt per run: no block of these prompts is in any instance's prefix cache, so the prefill computes
+    # them, the decode reads them over the connector, and the KV-transfer proof counts this run's transfers.
+    salt = uuid.uuid4().hex
+    body = {"model": ep.model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
+            "cache_salt": salt}  # fmt: skip
     try:
         before = scrape(ep.decode)
     except (OSError, ValueError) as exc:  # URLError is an OSError
@@ -405,15 +443,7 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
             )
 
     t0 = time.monotonic()
-    try:
-        direct = post_json(ep.decode[0] + "/v1/completions", body, ep.api_key, timeout)["choices"][0]["text"]
-        same = direct == res.completion and bool(direct)
-        res.proofs.append(
-            Proof("greedy P->D output equals the decode instance's own", same,
-                  f"router {res.completion[:40]!r} vs decode {direct[:40]!r}")
-        )  # fmt: skip
-    except (OSError, KeyError, ValueError) as exc:  # URLError, resets and timeouts are OSErrors
-        res.proofs.append(Proof("greedy P->D output equals the decode instance's own", False, str(exc)))
+    res.proofs.append(equality_proof(ep, body, res.completion, timeout))
     res.seconds["direct"] = round(time.monotonic() - t0, 3)
 
     t0 = time.monotonic()

@@ -241,8 +241,9 @@ def _gauges(api: Api) -> dict[str, dict[str, float]]:
     for url in api.instances:
         with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
             m = parse_metrics(resp.read().decode())
-        out[url] = {k: m.get(k, 0.0) for k in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                                                "vllm:kv_cache_usage_perc")}  # fmt: skip
+        keys = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                "vllm:generation_tokens_total")  # fmt: skip
+        out[url] = {k: m.get(k, 0.0) for k in keys}
     return out
 
 
@@ -265,7 +266,8 @@ def _idle(api: Api, within_s: float = 30, kv_at_most: dict[str, float] | None = 
 def stream_disconnect_mid_way(api: Api) -> None:
     """A client that goes away in the middle of a long stream: afterwards no request is left running or waiting on
     any instance and the KV blocks are released (vLLM's gauges), and the service answers."""
-    before = {url: v["vllm:kv_cache_usage_perc"] for url, v in _idle(api).items()}
+    idle = _idle(api)
+    before = {url: v["vllm:kv_cache_usage_perc"] for url, v in idle.items()}
     stream = api.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=1500, temperature=0,
                                              stream=True)  # fmt: skip
     got = 0
@@ -275,7 +277,10 @@ def stream_disconnect_mid_way(api: Api) -> None:
             break
     stream.close()  # drops the connection with the answer unfinished
     assert got >= 5
-    _idle(api, within_s=5, kv_at_most=before)  # 1500 tokens take longer: the request was aborted
+    after = _idle(api, within_s=60, kv_at_most=before)  # a bound that only catches a hang
+    # aborted, not finished: the instances generated far fewer than the 1 500 tokens asked for
+    generated = sum(after[u]["vllm:generation_tokens_total"] - idle[u]["vllm:generation_tokens_total"] for u in after)
+    assert generated < 750, f"{generated:.0f} tokens generated after the client left: the request was not aborted"
 
 
 def concurrent_burst(api: Api) -> None:

@@ -103,12 +103,15 @@ PROMETHEUS = "http://198.18.0.11:9090"
 INSTANCES = {"prefill0": "http://198.18.0.11:8100", "decode1": "http://198.18.0.11:8201",
              "decode0": "http://198.18.0.12:8200"}  # fmt: skip
 MODEL = "pdinfra-tiny-llama"
-PROMPTS = [
+_OPENINGS = [
     "The prefill instance computes the key-value cache of the whole prompt and",
     "A decode instance reads the blocks it needs over NIXL, then generates",
     "When one decode instance dies, the router sends the next requests to",
     "Bounded timeouts mean that no request through the router ever waits for",
 ]
+# About 100 tokens each, 3 to 4 KV blocks of 32: a misplaced block changes the tiny model's answer (one block
+# alone could not be misplaced within its request).
+PROMPTS = [" ".join(f"Step {i}: {s}" for i in range(6)) for s in _OPENINGS]
 REQUEST_TIMEOUT_S = 60  # the client's bound; a request this long counts as hung
 # The prefill's count of decode reads that came after it had released the blocks (vLLM reports them as done)
 AFTER_RELEASE = "vllm:nixl_num_notifications_after_expiry_total"

@@ -24,6 +24,7 @@ from render_units import HGX, render
 
 from pdinfra import testhosts
 from pdinfra.cluster.inventory import load
+from pdinfra.serving import smoke
 
 pytestmark = E2E_MARKS
 
@@ -49,7 +50,7 @@ def test_smoke_proves_kv_moved_across_the_two_nodes(cluster):
     assert kv["ok"], kv
     moved = re.search(r"\+(\d+) NIXL transfers, \+(\d+) bytes, \+(\d+) failed", kv["evidence"])
     assert moved and int(moved.group(1)) >= 2 and int(moved.group(2)) > 0 and int(moved.group(3)) == 0
-    assert proofs["greedy P->D output equals the decode instance's own"]["ok"]
+    assert proofs[smoke.EQUALITY]["ok"]
     assert proofs["chat completion through the router"]["ok"], proofs["chat completion through the router"]
     assert proofs["logprobs through the router (vLLM's compiled sampler path)"]["ok"]
     # A decode instance is on the other node: the KV crossed the bridge (round robin sends the two requests to
@@ -315,9 +316,9 @@ def test_bench_latency_decomposes_a_pd_request(cluster):
         sec = s["seconds"]
         assert sec["client"] >= sec["router"] > 0 and sec["kv_transfer"] > 0, sec
         # the instances' HTTP time sits inside the router's, which sits inside the client's; the router and the
-        # instances time with different instruments (where each starts and stops its clock), a few ms apart: the
-        # first CI run saw the router 4.4 ms short of the two instances' sum
-        assert sec["prefill_http"] + sec["decode_http"] <= sec["router"] + 0.015, sec
+        # instances time with different instruments (where each starts and stops its clock), a few ms apart (the
+        # first CI run saw the router 4.4 ms short of the two instances' sum): nested, give or take a tenth
+        assert sec["prefill_http"] + sec["decode_http"] <= sec["router"] * 1.1 + 0.005, sec
         assert sec["decode_first_token"] <= sec["decode_engine"] + 1e-3, sec
     assert data["prompt_tokens"] > 100 and data["router_added"] is not None and data["p50"]["direct"]["outside"] > 0
 
