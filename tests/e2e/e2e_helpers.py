@@ -96,6 +96,25 @@ def up_overlay(inventory: Path, log: str) -> subprocess.CompletedProcess:
     return res
 
 
+# Why a conformance item may skip: it is about an instance or a router that another node holds. Any other skip is
+# a check that did not run and fails the caller.
+BY_DESIGN_SKIP = re.compile(r"^SKIPPED \[\d+\] tests/conformance/\S+ (\S+ runs on another host|not a router host)$")
+
+
+def conformance_counts(res: subprocess.CompletedProcess) -> tuple[int, int]:
+    """(passed, skipped) of a conformance run that passed, every skip one of BY_DESIGN_SKIP's (pytest -ra lists
+    each): a skip for any other reason, or no closing line, is an assertion error naming it."""
+    assert res.returncode == 0, res.stdout[-4000:]
+    m = re.search(r"^(\d+) passed(?:, (\d+) skipped)? in ", res.stdout, re.M)
+    assert m, res.stdout[-1000:]
+    skips = [line for line in res.stdout.splitlines() if line.startswith("SKIPPED")]
+    unexpected = [line for line in skips if not BY_DESIGN_SKIP.match(line)]
+    assert not unexpected, f"conformance items skipped for another reason: {unexpected}"
+    skipped = int(m.group(2) or 0)
+    assert skipped == len(skips), (skipped, skips)
+    return int(m.group(1)), skipped
+
+
 # ----------------------------------------------------------------------------- the local cluster as a client sees it
 ROUTER = "http://198.18.0.11:8000"
 ROUTER_METRICS = "http://198.18.0.11:29000/metrics"

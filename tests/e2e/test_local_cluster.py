@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 from api_cases import CASES, api_of, assert_still_serving
-from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, REPO, conformance, playbook, run, unchanged
+from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, REPO, conformance, conformance_counts, playbook, run, unchanged
 from render_units import HGX, render
 
 from pdinfra import testhosts
@@ -159,8 +159,8 @@ def test_address_not_on_the_node_fails_before_any_change(cluster, tmp_path):
 
 def test_conformance_suite_passes_against_the_nodes(cluster):
     res = conformance(INV, log="50-conformance")
-    assert res.returncode == 0, res.stdout[-4000:]
-    assert re.search(r"\d+ passed", res.stdout), res.stdout[-1000:]
+    # 36 items: 11 skip by design on this layout (an instance or the router on the other node)
+    assert conformance_counts(res) == (25, 11), res.stdout[-3000:]
 
 
 def test_validator_on_each_node_has_no_failure(cluster):
