@@ -125,6 +125,17 @@ def _check_role_vars(ck: Checker, hostvars: dict[str, dict[str, Any]]) -> None:
                         names = [k for k in params if f"'{k}'" in msg or f"{k}." in msg or f" {k}" in msg]
                         ck.add(names[0] if names else role, f"{msg} (roles/{role}/meta/argument_specs.yml)", h)
                     validated = res.validated_parameters
+            for k in params:
+                # Ansible converts what it can: 12 to "12", "a,b" to a list. A list or mapping where one word is
+                # meant, or true/false where a number is, is a mistake it would turn into a string or a 1.
+                want, got = rs.variables[k].type, params[k]
+                if want in ("str", "path") and isinstance(got, (list, dict)):
+                    ck.add(k, f"must be a {'path' if want == 'path' else 'string'}, not a "
+                           f"{'list' if isinstance(got, list) else 'mapping'} ({show(got)})", h)  # fmt: skip
+                elif want in ("int", "float") and isinstance(got, bool):
+                    ck.add(k, f"must be a number, not {show(got)}", h)
+                elif want == "path" and isinstance(got, (str, int)) and not str(got).startswith(("/", "{{")):
+                    ck.add(k, f"must be an absolute path on the node, not {show(got)}", h)
             for k, v in validated.items():
                 if k in schema.ROLE_RANGES:
                     lo, hi = schema.ROLE_RANGES[k]
@@ -320,6 +331,9 @@ def _hosts_pass(inv: InventoryView, s: Settings) -> tuple[list[Host], list[Insta
         hv = inv.hostvars[h]
         in_cluster = h in inv.cluster_hosts
         addr_cidr, addr = _address(ck, hv, h, in_cluster, addresses)
+        for name in ("pdinfra_testhost", "pdinfra_testhost_links"):  # read by pdinfra.testhosts: typed here
+            if name in hv:
+                ck.value(PDINFRA[name], hv[name], name, h)
         hardware, gpu = _hardware(ck, hv, h, s.profile, in_cluster)
         hw = profiles.PROFILES[hardware]
         rails = _rails(ck, hv, h, hw, addr, rail_addrs)

@@ -1,7 +1,14 @@
-"""Nothing an inventory holds makes resolve() crash: wrong types and edge values for every variable of the schema
-(pdinfra's own, the model's and an instance's fields, and the roles' variables) end as problems naming the variable,
-or resolve, never as an exception. Hypothesis generates the values; the inventories are the local CPU one and the
-HGX GPU one of test_cluster_resolve.
+"""Wrong values are refused, naming the variable, and nothing an inventory holds makes resolve() crash.
+
+- Refusal: every variable an operator can set (pdinfra's own, the model's and an instance's fields, the roles'
+  variables) gets each value its type rules out, on every host (an instance field: on the last instance of the
+  last host), and resolve must refuse it with a problem that names the variable. A role variable's type is what
+  Ansible's role argument validation accepts: it converts 12 to "12" and "a,b" to a list, so those are not wrong;
+  a mapping for a string or a list, a list for a string, true for a number and a relative path are.
+- No crash: Hypothesis generates wrong types and edge values for the same variables, on any host and instance;
+  they end as problems or resolve, never as an exception.
+
+The inventories are the local CPU one and the HGX GPU one of test_cluster_resolve.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cluster_resolve import CPU, GPU, GPU_GROUPS, GROUPS
@@ -59,17 +67,17 @@ def test_any_value_of_a_pdinfra_variable(name: str, value: Any, everywhere: bool
 
 
 @FUZZ
-@given(key=st.sampled_from(MODEL_KEYS + INSTANCE_KEYS), value=VALUES, gpu=st.booleans())
-def test_any_value_of_a_model_or_instance_field(key: str, value: Any, gpu: bool) -> None:
+@given(key=st.sampled_from(MODEL_KEYS + INSTANCE_KEYS), value=VALUES, gpu=st.booleans(), pick=st.integers(0, 99))
+def test_any_value_of_a_model_or_instance_field(key: str, value: Any, gpu: bool, pick: int) -> None:
     base, groups = (GPU, GPU_GROUPS) if gpu else (CPU, GROUPS)
 
     def mutate(hv):
-        first = next(iter(hv))
         if key in MODEL_KEYS:
             for h in hv.values():
                 h["pdinfra_model"] = dict(h["pdinfra_model"], **{key: copy.deepcopy(value)})
-        else:
-            hv[first]["pdinfra_instances"][0][key] = copy.deepcopy(value)
+        else:  # any instance of any host
+            insts = [i for h in hv.values() for i in h.get("pdinfra_instances", [])]
+            insts[pick % len(insts)][key] = copy.deepcopy(value)
 
     _resolve(base, groups, mutate)
 
@@ -95,3 +103,66 @@ def test_an_unexpected_exception_is_a_problem_not_a_traceback(monkeypatch):
     assert not res.ok and [str(p) for p in res.problems] == [
         "pdinfra: resolving the inventory failed inside pdinfra (RuntimeError: boom); this is a pdinfra bug: report "
         "it with the inventory"]
+
+
+# ----------------------------------------------------------------------------- every wrong value is refused, named
+# Values each type rules out (see the module docstring for the roles' conversions).
+WRONG = {
+    "int": ["abc", [1], {"a": 1}, True, 1.5], "port": ["abc", [1], True, 0, 70000], "bool": ["maybe", 3, [True]],
+    "str": [[1], {"a": 1}], "list": [3, "x", {"a": 1}], "dict": [3, "x", [1]], "cidr": ["not-an-address", [1], 7],
+}  # fmt: skip
+ROLE_WRONG = {
+    "int": ["abc", [1], {"a": 1}, True], "float": ["abc", [1.0], True], "bool": ["maybe", 3, [True]],
+    "str": [[1], {"a": 1}], "path": [[1], {"a": 1}, "relative/dir"], "list": [{"a": 1}], "dict": [3, "x", [1]],
+    # the two raw variables take "auto" or a value of one type (fabric manager: a boolean; GID index: a number)
+    "raw": ["maybe", [1], {"a": 1}],
+}  # fmt: skip
+
+
+def _cases() -> list[tuple[str, str, str, Any]]:
+    """(kind, variable, type, wrong value) for every operator-settable variable and every value its type rules out."""
+    out = [("pdinfra", n, schema.PDINFRA[n].type, v) for n in PDINFRA_NAMES
+           for v in WRONG.get(schema.PDINFRA[n].type, [])]  # fmt: skip
+    out += [("model", f.name, f.type, v) for f in schema.MODEL_FIELDS for v in WRONG.get(f.type, [])]
+    out += [("instance", f.name, f.type, v) for f in schema.INSTANCE_FIELDS for v in WRONG.get(f.type, [])]
+    role_vars = {n: rv for rs in schema.role_schemas().values() for n, rv in rs.variables.items()}
+    out += [("role", n, role_vars[n].type, v) for n in ROLE_NAMES if n not in schema.DERIVED_ROLE_VARS
+            for v in ROLE_WRONG.get(role_vars[n].type, [])]  # fmt: skip
+    return out
+
+
+CASES = _cases()
+
+
+def test_the_refusal_cases_reach_every_operator_settable_variable():
+    """Every variable of the schema and of the roles' argument_specs has a wrong value below, except the roles'
+    variables that pdinfra derives from the cluster model (set by the operator, they are refused as such)."""
+    reached = {(k, n) for k, n, _, _ in CASES}
+    settable = ({("pdinfra", n) for n in PDINFRA_NAMES} | {("model", k) for k in MODEL_KEYS}
+                | {("instance", k) for k in INSTANCE_KEYS}
+                | {("role", n) for n in ROLE_NAMES if n not in schema.DERIVED_ROLE_VARS})  # fmt: skip
+    unreached = sorted(settable - reached)
+    types = {schema.PDINFRA[n].type for k, n in unreached if k == "pdinfra"}
+    assert not unreached, f"no wrong value for these variables (types {types}): {unreached}"
+
+
+@pytest.mark.parametrize(("kind", "name", "type_", "value"), CASES, ids=[f"{k}-{n}-{i}" for i, (k, n, _, _) in
+                                                                           enumerate(CASES)])  # fmt: skip
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+def test_every_wrong_value_is_refused_naming_the_variable(kind: str, name: str, type_: str, value: Any, gpu: bool):
+    base, groups = (GPU, GPU_GROUPS) if gpu else (CPU, GROUPS)
+
+    def mutate(hv):
+        if kind == "model":
+            for h in hv.values():
+                h["pdinfra_model"] = dict(h["pdinfra_model"], **{name: copy.deepcopy(value)})
+        elif kind == "instance":
+            last = [h for h in hv.values() if h.get("pdinfra_instances")][-1]
+            last["pdinfra_instances"][-1][name] = copy.deepcopy(value)
+        else:
+            for h in hv.values():
+                h[name] = copy.deepcopy(value)
+
+    res = _resolve(base, groups, mutate)
+    named = [str(p) for p in res.problems if name in str(p)]
+    assert named, f"{kind} {name} ({type_}) = {value!r} was accepted: {[str(p) for p in res.problems]}"
