@@ -115,15 +115,27 @@ def completion_max_tokens_omitted(api: Api) -> None:
 
 
 def completion_prompt_logprobs(api: Api) -> None:
-    """vLLM's extension: prompt_logprobs are computed where the prompt is computed (the prefill instance under PD);
-    the answer must be a well-formed completion or a 4xx, never an error of the service."""
+    """vLLM's extension: prompt_logprobs are computed where the prompt is computed (the prefill instance under PD).
+    A 400 is an answer (a documented refusal); a 200 must carry one entry per prompt token (the first None), each
+    the prompt's token and the top-1 token at log-probabilities <= 0, and equal to what every instance computes on
+    its own (the tiny model's log-probabilities depend on the whole prefix)."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
     try:
-        out = api.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0,
-                                              extra_body={"prompt_logprobs": 1})  # fmt: skip
+        out = api.client().completions.create(**body, extra_body={"prompt_logprobs": 1})
     except openai.BadRequestError as exc:
         assert exc.status_code == 400
         return
-    assert out.choices[0].text
+    choice = out.choices[0].model_dump()
+    lps = choice.get("prompt_logprobs")
+    assert out.choices[0].text and lps and len(lps) == out.usage.prompt_tokens and lps[0] is None, choice
+    for e in lps[1:]:
+        assert 1 <= len(e) <= 2 and all(v["logprob"] <= 0 for v in e.values()), e
+        assert any(v["rank"] == 1 for v in e.values()), e
+    for url in api.instances:
+        own = openai.OpenAI(base_url=url + "/v1", api_key=api.key, max_retries=0, timeout=120).completions.create(
+            **body, extra_body={"prompt_logprobs": 1}
+        )
+        assert own.choices[0].model_dump()["prompt_logprobs"] == lps, url
 
 
 # ----------------------------------------------------------------------------- chat

@@ -163,13 +163,30 @@ def test_conformance_suite_passes_against_the_nodes(cluster):
     assert conformance_counts(res) == (25, 11), res.stdout[-3000:]
 
 
-def test_validator_on_each_node_has_no_failure(cluster):
+# What applies to a CPU node under the expectations the roles write (/etc/pdinfra/expect.json: role cpu), and must
+# pass: the UCX environment, the serving venv's compiler, the instances' health and PD consistency, and on the
+# router's node the deep-health probe over every P->D path. Every other check is n/a for a stated reason: no GPU,
+# no RDMA NIC, a CPU-role host, the probe on the router node. 5 pass and 35 n/a on node1, 4 and 36 on node2
+# (2026-12-06).
+CPU_NODE_PASSES = {"ucx.env", "serving.toolchain", "serving.health", "serving.pd_consistency"}
+NOT_APPLICABLE = re.compile(r"CPU-role host|no GPUs? |no GPU\)|fewer than two GPUs|no RDMA|no RoCE|no GPU or RDMA"
+                            r"|runs on the router node")
+
+
+def test_validator_passes_what_applies_to_each_node(cluster):
+    """`pdinfra validate` with the node's own expect.json: every check that applies to a CPU node passes, and every
+    other one says why it does not apply (never a warn, an unknown or a fail)."""
     key = testhosts.ssh_key()
     for host in cluster["hosts"]:
         res = run([*testhosts.ssh_command(host, key), "pdinfra", "validate", "--json"], log=f"60-validate-{host.name}")
         checks = json.loads(res.stdout)  # `pdinfra validate --json`: a list of check results
-        fails = [c for c in checks if c.get("verdict") == "fail"]
-        assert res.returncode == 0 and not fails, (host.name, fails, res.stderr[-2000:])
+        assert res.returncode == 0, (host.name, res.stderr[-2000:])
+        passed = {c["id"] for c in checks if c["verdict"] == "pass"}
+        want = CPU_NODE_PASSES | ({"serving.deep_health"} if host.name == "node1" else set())
+        assert passed == want, (host.name, sorted(passed ^ want))
+        other = [c for c in checks if c["id"] not in passed]
+        odd = [c for c in other if c["verdict"] != "n/a" or not NOT_APPLICABLE.search(c["evidence"])]
+        assert not odd, (host.name, odd)
 
 
 def test_nodes_hold_the_resolved_cluster_model(cluster):

@@ -96,11 +96,13 @@ def play(monkeypatch):
 def test_applied_shows_the_diff_asks_deploys_waits_a_window_and_judges_the_new_deployment(
     inv, cluster, play, monkeypatch, tmp_path
 ):
-    judged = []
+    judged, verdicts = [], []
 
     def after_run(c, window, prometheus, timeout):
+        # the stand-in for Prometheus's judgement: what it returns is apply's to report, not this test's to check
         judged.append((sorted(i.name for i in c.instances), window, prometheus, timeout))
-        return advice_for(c, None, verdict="within-slo")
+        verdicts.append(advice_for(c, None, verdict="within-slo"))
+        return verdicts[-1]
 
     monkeypatch.setattr(advise, "run", after_run)
     con, clock, logs = Recorder(), Clock(), tmp_path / "logs"
@@ -117,10 +119,11 @@ def test_applied_shows_the_diff_asks_deploys_waits_a_window_and_judges_the_new_d
     assert "prefill1" in (inv.parent / "host_vars" / "node1.yml").read_text()
     # judged again on the edited model, with the same window, Prometheus and timeout
     assert judged == [(["decode0", "prefill0", "prefill1"], "1m", "http://prom:9090", 3.0)]
-    assert out.applied and not out.declined and out.after.verdict == "within-slo" and out.log_dir == logs
+    assert out.applied and not out.declined and out.after is verdicts[0] and out.log_dir == logs
     assert sorted(p.name for p in logs.iterdir()) == ["advice-after.json", "advice-before.json", "change.diff",
                                                       "deploy.log"]  # fmt: skip
     assert json.loads((logs / "advice-before.json").read_text())["change"]["kind"] == "retarget"
+    assert json.loads((logs / "advice-after.json").read_text()) == verdicts[0].to_dict()
     assert (logs / "change.diff").read_text() == diff == out.diff
     assert list(out.to_dict()) == ["before", "applied", "diff", "after", "log_dir"]
     assert out.to_dict()["log_dir"] == str(logs)

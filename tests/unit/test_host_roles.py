@@ -2,7 +2,8 @@
 
 * Golden files: the roles' templates rendered for inventory/examples/hgx-h100 with plain
   Jinja2 plus the role-local filter plugins, compared with tests/fixtures/golden/hgx-h100.
-  Regenerate with ``PDINFRA_UPDATE_GOLDEN=1 pytest tests/unit/test_host_roles.py``.
+  Regenerate with ``PDINFRA_UPDATE_GOLDEN=1 pytest tests/unit/test_host_roles.py -k golden_files``: that run writes
+  them and fails (never compared in the run that wrote them); review the diff, commit it, run again.
 * The GPU<->NIC affinity filter and the rdma_roce validation helpers as pure functions.
 * ansible-playbook: syntax check of playbooks/host.yml; bad variables fail at role entry,
   naming the variable, before any change (run in --check against localhost, gather_facts
@@ -122,11 +123,13 @@ HOSTS = ["hgx-h100-01", "hgx-h100-02"]
 def test_golden_files(host):
     rendered = _rendered(host)
     base = GOLDEN / host
-    if UPDATE:
+    if UPDATE:  # written, never compared in the run that wrote them: the diff is for review in the commit
         shutil.rmtree(base, ignore_errors=True)
         for name, text in rendered.items():
             (base / name).parent.mkdir(parents=True, exist_ok=True)
             (base / name).write_text(text)
+        pytest.fail(f"golden files of {host} rewritten: review `git diff {GOLDEN.relative_to(REPO)}`, commit it, and "
+                    "run the test again without PDINFRA_UPDATE_GOLDEN")  # fmt: skip
     committed = {str(p.relative_to(base)): p.read_text() for p in base.rglob("*") if p.is_file()}
     assert sorted(committed) == sorted(rendered), "golden file set differs (PDINFRA_UPDATE_GOLDEN=1 regenerates)"
     for name, text in rendered.items():
