@@ -363,3 +363,53 @@ def test_failed_pcie_acs_gathering_is_said_so():
     out = _run(("", "", lambda f: f.update(pcie_acs={"failed": True}), {}))
     r = out["pcie.acs"]
     assert r.verdict == checks.WARN and "gathering the pcie_acs facts failed" in r.evidence, r
+
+
+# ----------------------------------------------------------------------------- boundaries and WARN paths
+# Cases that kill the mutants the fail paths above let survive (benchmarks/mutation.py; docs/testing.md): a value
+# exactly at a limit passes, one past it does not, and the WARN paths warn (a mutant turning warn into ok survived
+# every FAIL case). (case, check, facts mutation, expectation overrides, verdict)
+def _kernel(*version: int) -> Mutator:
+    return lambda f: f["kernel"].update(version=list(version), release=".".join(map(str, version)) + "-generic")
+
+
+def _cuda_driver(v: int | None) -> Mutator:
+    return lambda f: f["gpus"].update(cuda_driver_version=v)
+
+
+def _drop_p2p_pair(f: dict) -> None:
+    f["gpus"]["p2p"].pop()
+
+
+def _cuda_attr_unknown(f: dict) -> None:
+    for d in f["gpus"]["devices"]:
+        d["cuda"]["dma_buf_supported"] = None
+
+
+VERDICT_CASES: list[tuple[str, str, Mutator, dict[str, Any], str]] = [
+    ("kernel exactly at the floor", "os.kernel_version", _kernel(5, 12, 0), {}, checks.PASS),
+    ("kernel just below the floor", "os.kernel_version", _kernel(5, 11, 22), {}, checks.FAIL),
+    ("CUDA driver API exactly 11.7", "driver.cuda_version", _cuda_driver(11070), {}, checks.PASS),
+    ("CUDA driver API just below 11.7", "driver.cuda_version", _cuda_driver(11069), {}, checks.FAIL),
+    ("CUDA driver API not recorded", "driver.cuda_version", _cuda_driver(None), {}, checks.WARN),
+    ("more GPUs than declared: NVML count", "gpu.count", lambda f: None, {"gpu_count": 7}, checks.FAIL),
+    ("more GPUs than declared: on the bus", "gpu.pci_count", lambda f: None, {"gpu_count": 7}, checks.WARN),
+    ("a P2P pair not recorded", "gpu.p2p", _drop_p2p_pair, {}, checks.WARN),
+    ("dma-buf attribute unknown", "gpu.dmabuf", _cuda_attr_unknown, {}, checks.WARN),
+    ("port max_mtu unreadable: 4096 assumed", "rdma.mtu", _port0(max_mtu=None), {}, checks.PASS),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", VERDICT_CASES, ids=[c[0] for c in VERDICT_CASES])
+def test_boundaries_and_warn_paths(case):
+    name, cid, mutate, overrides, verdict = case
+    r = _run((name, cid, mutate, overrides))[cid]
+    assert r.verdict == verdict, r
+
+
+def test_a_rail_rate_is_read_in_mb_per_s():
+    from pdinfra.host.checks import rdma
+
+    assert rdma._rate_mbps("400 Gb/sec (4X NDR)") == 400_000
+    assert rdma._rate_mbps("2.5 Gb/sec (1X SDR)") == 2_500
+    assert rdma._rate_mbps("Invalid argument") is None
