@@ -161,7 +161,10 @@ def _option(cfg: Config, n_hosts: int, load: Load, slo: SLO, hw: Hardware) -> Op
 
 
 def _money(o: Option, load: Load, hw: Hardware) -> None:
+    """Tokens per dollar at the load, for a configuration predicted within the SLO (tokens served within it)."""
     p = o.prediction
+    if o.meets is not True:
+        return
     o.tokens_per_dollar = cost.tokens_per_dollar(load.rate * load.osl, o.cost_per_hour)
     o.tokens_per_user_per_dollar = cost.tokens_per_user_per_dollar(1000 / p.tpot_ms if p.tpot_ms else None,
                                                                    o.cost_per_hour)  # fmt: skip
