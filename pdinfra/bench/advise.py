@@ -13,6 +13,11 @@ vLLM series (listed in the output), so the evidence can be checked in Prometheus
 - Aggregated: ITL over the SLO while TTFT meets it is the seeds' case for PD (decode steps stalled by other
   requests' prefills) -> try PD; TTFT over the SLO -> add instances or lower concurrency.
 - No traffic in the window, or no Prometheus: nothing is advised (unknown is never "within SLO").
+- A role with traffic but no settled data in the window (its instances restarted within it, or are warming up):
+  the figures the SLO needs from it are unknown, and unknown is neither over nor within the SLO. The verdict is
+  ``unknown``: it says which role lacks what, and proposes no change.
+- Cost: the output tokens/s served over the window and the running hosts' price (``pdinfra_price`` or the hardware
+  profile's list price) give tokens per dollar and tokens per user per dollar (:mod:`pdinfra.bench.cost`).
 
 A verdict may carry a :class:`Change` that needs no new capacity (turn an instance of the role with headroom into
 one of the role that misses the SLO; switch an aggregated cluster to PD). ``pdinfra advise --apply`` writes it into
@@ -29,6 +34,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
 
+from pdinfra.bench import cost
 from pdinfra.cluster.model import Cluster
 from pdinfra.cluster.slo import SLO
 
@@ -63,6 +69,10 @@ QUERIES = {
     "waiting": "avg by (pd_role) (avg_over_time(vllm:num_requests_waiting[{w}]))",
     "kv_usage": "max by (pd_role) (max_over_time(vllm:kv_cache_usage_perc[{w}]))",
     "instances_up": 'sum by (pd_role) (min_over_time(up{{job="vllm"}}[{w}]))',
+    # For the cost per token: output tokens/s, and the mean ITL (what one user's stream runs at).
+    "output_tokens_per_s": "sum by (pd_role) (rate(vllm:generation_tokens_total[{w}]))",
+    "itl_mean_s": "sum by (pd_role) (rate(vllm:inter_token_latency_seconds_sum[{w}])) "
+    "/ sum by (pd_role) (rate(vllm:inter_token_latency_seconds_count[{w}]))",
 }
 # Bucket rates per (pd_role, le), for the attainment estimate.
 BUCKET_QUERIES = {
@@ -107,7 +117,7 @@ class Advice:
     window: str
     prometheus: str
     slo: str
-    verdict: str  # within-slo | rebalance | add-capacity | try-pd | no-traffic
+    verdict: str  # within-slo | rebalance | add-capacity | try-pd | no-traffic | no-slo | unknown
     summary: str
     actions: list[str]
     evidence: list[str]
@@ -122,6 +132,11 @@ class Advice:
     goodput_per_s: float | None = None  # completed requests/s within the TTFT SLO (rate x attainment)
     goodput_per_gpu: float | None = None  # per GPU on GPU clusters, per instance on CPU ones (goodput_unit)
     goodput_unit: str = "GPU"
+    cost_per_hour: float | None = None  # the running hosts' price (None: a host has no price)
+    currency: str = ""
+    price_sources: list[str] = field(default_factory=list)
+    tokens_per_dollar: float | None = None  # output tokens per unit of currency at the window's throughput
+    tokens_per_user_per_dollar: float | None = None  # (1 / mean ITL) x 3600 / cost per hour
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -275,8 +290,14 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
                            "pdinfra_pd_aggregate_below_bytes)" if below else ""))  # fmt: skip
     tt_slo = None if slo.ttft_ms is None else slo.ttft_ms / 1000
     itl_slo = None if slo.itl_p99_ms is None else slo.itl_p99_ms / 1000
-    evidence.append(f"client TTFT {pct} {'<= ' if layout == 'pd' else ''}{_fmt(ttft)}"
-                    f"{f' (SLO {_fmt(tt_slo)})' if tt_slo else ''}; ITL P99 {_fmt(itl)}"
+    missing = unsettled(cluster, signals, tt_slo is not None, itl_slo is not None) if rate > 0 else []
+
+    def shown(v: float | None, what: str) -> str:
+        gaps = [f"{r}: no settled data" for r, keys in missing if what in keys]
+        return f"unknown ({'; '.join(gaps)})" if v is None and gaps else _fmt(v)
+
+    evidence.append(f"client TTFT {pct} {'<= ' if layout == 'pd' and ttft is not None else ''}{shown(ttft, 'TTFT')}"
+                    f"{f' (SLO {_fmt(tt_slo)})' if tt_slo else ''}; ITL P99 {shown(itl, 'ITL')}"
                     f"{f' (SLO {_fmt(itl_slo)})' if itl_slo else ''}")  # fmt: skip
     attained = goodput = per_unit = None
     gpus = sum(i.gpu_count for i in cluster.instances) if cluster.profile == "gpu" else 0
@@ -304,19 +325,27 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
              f"aggregated, {len(cluster.instances)} instance{'s' if len(cluster.instances) != 1 else ''}")  # fmt: skip
     slo_text = "none set" if slo.empty else slo.describe()
 
+    money = _cost_evidence(cluster, signals, layout, rate)
+    evidence += money.pop("lines")
+
     def advice(verdict: str, summary: str, actions: list[str], change: Change | None = None) -> Advice:
         if change is not None:
             actions = [*actions, f"--apply: {change.summary}"]
         return Advice(layout, window, prometheus, slo_text, verdict, summary, actions, evidence, signals, ttft, itl,
-                      exprs, change, rate, shape, attained, goodput, per_unit, unit)  # fmt: skip
+                      exprs, change, rate, shape, attained, goodput, per_unit, unit, **money)  # fmt: skip
 
-    if rate <= 0 or (ttft is None and itl is None):
+    if rate <= 0:
         return advice("no-traffic", f"no completed requests in the last {window}: nothing to judge", [])
     if slo.empty:
         return advice("no-slo", "pdinfra_slo sets no TTFT or ITL bound: the evidence is shown, nothing is judged",
                       ["set pdinfra_slo (ttft_ms, itl_p99_ms) in group_vars"])  # fmt: skip
-    ttft_bad = tt_slo is not None and (ttft is None or ttft > tt_slo)
-    itl_bad = itl_slo is not None and (itl is None or itl > itl_slo)
+    if missing:  # unknown is neither over nor within the SLO: nothing is proposed on it
+        what = "; ".join(f"{r} has no settled data for its {', '.join(k)} in the last {window}" for r, k in missing)
+        return advice("unknown", f"{what} (restarted within the window, or still warming up): the SLO cannot be "
+                      "judged and no change is proposed", [f"judge again once a whole {window} of traffic has passed "
+                      "since the last restart"])  # fmt: skip
+    ttft_bad = tt_slo is not None and ttft is not None and ttft > tt_slo
+    itl_bad = itl_slo is not None and itl is not None and itl > itl_slo
     n_p, n_d = p.instances, d.instances
     if layout != "pd":
         if itl_bad and not ttft_bad:
@@ -355,6 +384,55 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
             change = retarget(cluster, "prefill", "decode")
         return advice("rebalance", f"PD {n_p}P:{n_d}D: ITL over the SLO, TTFT within it; {why}", acts, change)
     return advice("within-slo", f"PD {n_p}P:{n_d}D: within the SLO at this load", [])
+
+
+def unsettled(cluster: Cluster, signals: dict[str, RoleSignals], ttft: bool, itl: bool) -> list[tuple[str, list[str]]]:
+    """Roles whose figures the SLO needs are missing (no settled instance answered in the window): [(role, what)]."""
+    need: dict[str, list[tuple[str, str]]] = {r: [] for r in ROLES}
+    if cluster.layout == "pd":
+        if ttft:
+            need["prefill"].append(("TTFT", "e2e_q_s"))  # the client's TTFT holds the prefill request
+            need["decode"].append(("TTFT", "ttft_q_s"))
+        if itl:
+            need["decode"].append(("ITL", "itl_p99_s"))
+    else:
+        for r in ROLES:
+            need[r] += ([("TTFT", "ttft_q_s")] if ttft else []) + ([("ITL", "itl_p99_s")] if itl else [])
+    out = []
+    for role, wants in need.items():
+        lacking = [what for what, key in wants if signals[role].instances and signals[role].get(key) is None]
+        if lacking:
+            out.append((role, sorted(set(lacking))))
+    return out
+
+
+def _cost_evidence(cluster: Cluster, signals: dict[str, RoleSignals], layout: str, rate: float) -> dict:
+    """Tokens per dollar and per user per dollar over the window, and the evidence line that says them."""
+    hourly = cost.cluster_cost(cluster)
+    roles = ("decode",) if layout == "pd" else ROLES  # under PD a prefill's one token per request is not served
+    vals = [signals[r].get("output_tokens_per_s") for r in roles if signals[r].instances]
+    out_tps = sum(v for v in vals if v is not None) if any(v is not None for v in vals) else None
+    itls = [signals[r].get("itl_mean_s") for r in roles if signals[r].get("itl_mean_s")]
+    user_tps = 1 / max(itls) if itls else None  # the slower role's stream (agg: two pools of the same layout)
+    tpd = cost.tokens_per_dollar(out_tps, hourly.amount)
+    tpud = cost.tokens_per_user_per_dollar(user_tps, hourly.amount)
+    if rate <= 0:
+        line = None
+    elif hourly.amount is None:
+        line = f"tokens per dollar unknown: {'; '.join(hourly.missing)}"
+    else:
+        cur = hourly.currency
+        line = (f"cost {hourly.describe()} ({'; '.join(hourly.sources)}): {_fmt(out_tps, '')} output tokens/s -> "
+                f"{_count(tpd)} tokens per {cur}; one user's stream {_fmt(user_tps, '')} tokens/s -> {_count(tpud)} "
+                f"tokens per user per {cur}")  # fmt: skip
+    return {"cost_per_hour": hourly.amount, "currency": hourly.currency, "price_sources": hourly.sources,
+            "tokens_per_dollar": tpd, "tokens_per_user_per_dollar": tpud, "lines": [line] if line else []}  # fmt: skip
+
+
+def _count(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.1f} k" if v >= 1e3 else f"{v:.0f}"
 
 
 def run(cluster: Cluster, window: str = "10m", prometheus: str | None = None, timeout: float = 10.0) -> Advice:

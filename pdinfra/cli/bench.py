@@ -439,5 +439,35 @@ def bench_conditional(
     console.print(f"written: {', '.join(map(str, files))}")
 
 
+def bench_profile_cmd(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories of one model and TP (pdinfra bench run).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The profile file to write.")],
+    hardware: Annotated[str, typer.Option(help="The hardware profile the runs ran on (e.g. hgx-h100-8gpu).")] = "",
+    cpu_cores: Annotated[int, typer.Option(min=1, help="CPU instances: cores per instance.")] = 1,
+    machine: Annotated[str, typer.Option(help="The machine, in words (recorded in the provenance).")] = "",
+    device: Annotated[str | None, typer.Option(help="gpu or cpu, for runs recorded before manifests had it.")] = None,
+) -> None:
+    """Build a planner profile (docs/planning.md) from recorded sweeps: prefill time vs ISL, decode ITL vs batch,
+    KV transfer per request, with the runs' provenance. Measure with `pdinfra bench run` first (several
+    concurrencies, both layouts, each ISL the plans will ask about)."""
+    from pdinfra.bench import profile_build
+    from pdinfra.bench.points import BenchDataError
+    from pdinfra.bench.profile import ProfileError
+
+    if device not in (None, "gpu", "cpu"):
+        typer.echo(f"error: --device {device!r} must be gpu or cpu", err=True)
+        raise typer.Exit(2)
+    try:
+        prof = profile_build.build(runs, hardware=hardware, cpu_cores=cpu_cores, machine=machine, device=device)
+    except (BenchDataError, ProfileError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    prof.write(out)
+    d = prof.to_dict()
+    console.print(f"{out}: {prof.shape.label}; {len(d['prefill'])} prefill, {len(d['decode'])} decode, "
+                  f"{len(d['kv'])} KV point(s) from {len(d['provenance']['raw'])} result file(s)")  # fmt: skip
+
+
 app.command("plan")(bench_plan_cmd)
 app.command("report")(bench_report_cmd)
+app.command("profile")(bench_profile_cmd)

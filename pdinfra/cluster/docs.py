@@ -113,14 +113,16 @@ def variables_md() -> str:
         "## Hardware profiles (`pdinfra_hardware`)",
         "",
         "What the validator and the preflight role expect of a host; `pdinfra_expect` overrides single keys. The",
-        "rails' MTU comes from `rdma_roce_mtu`, the driver version from `nvidia_driver_version`.",
+        "rails' MTU comes from `rdma_roce_mtu`, the driver version from `nvidia_driver_version`. The price is an",
+        "indicative public list price (its source beside it), not a quote: `pdinfra_price` replaces it.",
         "",
-        "| profile | expectations | rails | meaning |",
-        "| --- | --- | --- | --- |",
+        "| profile | expectations | rails | meaning | indicative price |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for p in profiles.PROFILES.values():
         rails = f"{p.rail_count} x {p.rail_speed_mbps // 1000} Gb/s" if p.rail_speed_mbps and p.rail_count else "-"
-        out.append(f"| `{p.name}` | {_code(p.expect)} | {rails} | {_cell(p.description)} |")
+        price = _cell(p.price.describe()) if p.price else "none (set `pdinfra_price`)"
+        out.append(f"| `{p.name}` | {_code(p.expect)} | {rails} | {_cell(p.description)} | {price} |")
     out += [
         "",
         "## Model shapes (`pdinfra_model.shape`)",

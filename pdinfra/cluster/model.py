@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdinfra.cluster.price import Price
+
 SCHEMA = "pdinfra-cluster/1"
 NODE_FILE = "/etc/pdinfra/cluster.json"
 
@@ -157,6 +159,14 @@ class Host:
     instances: tuple[Instance, ...] = ()
     router: Router | None = None
     firewall: Firewall | None = None
+    # pdinfra_price, else the hardware profile's indicative list price; None: unknown (no cost can be said)
+    price: Price | None = None
+
+    @property
+    def gpu_count(self) -> int | None:
+        """The GPUs the host has, by its expectations (hardware profile or pdinfra_expect); None: not declared."""
+        n = self.expect.get("gpu_count")
+        return int(n) if isinstance(n, int) else None
 
 
 @dataclass(frozen=True)
@@ -267,9 +277,9 @@ class Cluster:
             rails = tuple(Rail(**r) for r in h.get("rails", []))
             fw = h.get("firewall")
             fw_obj = Firewall(**{k: tuple(v) if isinstance(v, list) else v for k, v in fw.items()}) if fw else None
-            hosts.append(
-                Host(**{**h, "instances": insts, "rails": rails, "router": router(h.get("router")), "firewall": fw_obj})
-            )
+            price = Price(**h["price"]) if h.get("price") else None
+            hosts.append(Host(**{**h, "instances": insts, "rails": rails, "router": router(h.get("router")),
+                                 "firewall": fw_obj, "price": price}))  # fmt: skip
         return cls(
             profile=data["profile"],
             connector=data["connector"],

@@ -6,6 +6,11 @@ rails that the expectations cannot hold yet (NIC speed). ``pdinfra_hardware`` na
 8 GPUs with 18 NVLink 4.0 links each into 4 NVSwitches (a fabric that needs fabric manager) and, in the usual
 build, one 400G ConnectX-7 per GPU.
 
+A profile also carries an indicative price (:class:`~pdinfra.cluster.price.Price`, per GPU-hour on the GPU profiles,
+per host-hour on the CPU one; ``pdinfra_price`` replaces it): public on-demand list prices, modest and dated, each
+with its source. They give a plan (``pdinfra plan``) and ``pdinfra advise`` a cost per token at all; they are not
+quotes, and they say nothing of owning hardware (power, space, staff): set ``pdinfra_price`` to your own figure.
+
 A GPU profile may also carry bandwidth acceptance figures (:class:`Acceptance`, ``pdinfra validate --acceptance``):
 what a healthy server of that SKU measures, each figure with the file it comes from.
 """
@@ -15,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from pdinfra.cluster.price import Price
 
 # azurehpc-health-checks (github.com/Azure/azurehpc-health-checks), read at commit df20d06 (2025-08-20), the
 # latest to touch either file: the NHC configuration of Azure's 8-GPU ND v5 VMs, whose GPUs sit on an HGX
@@ -72,6 +79,20 @@ H200_SXM = Acceptance(
 )  # fmt: skip
 ACCEPTANCE = (H100_SXM, H200_SXM)
 
+# Indicative list prices (on-demand, USD). A GPU rents at very different rates by provider and commitment; these are
+# the middle of the "specialty cloud" on-demand ranges of one public survey, read on 2026-12-06.
+_GPU_SURVEY = (
+    "middle of the specialty-cloud on-demand range {r} per GPU-hour in Mercatus' cloud GPU pricing "
+    "survey (May 2026, www.mercatus-ai.com/blog/cloud-gpu-pricing); an indicative list price, not a quote"
+)
+H100_PRICE = Price(per_gpu_hour=3.0, source="H100 SXM5: " + _GPU_SURVEY.format(r="$2.50-3.50"))
+H200_PRICE = Price(per_gpu_hour=4.0, source="H200 SXM5: " + _GPU_SURVEY.format(r="$3.50-4.50"))
+CPU_NODE_PRICE = Price(
+    per_host_hour=0.08,
+    source="a 2-vCPU general-purpose cloud VM (AWS m7g.large, us-east-1 on-demand, $0.0816 per hour as quoted in "
+    "June 2026); an indicative list price, not a quote",
+)
+
 
 def acceptance_for_gpus(names: list[str]) -> Acceptance | None:
     """The SKU whose NVML names match every GPU of a host ("NVIDIA H200", not the PCIe "NVIDIA H200 NVL")."""
@@ -90,12 +111,15 @@ class HardwareProfile:
     rail_speed_mbps: int | None = None
     rail_count: int | None = None
     acceptance: Acceptance | None = None
+    price: Price | None = None  # indicative; None: unknown (gpu-generic), pdinfra_price must give one
 
 
 PROFILES: dict[str, HardwareProfile] = {
     p.name: p
     for p in (
-        HardwareProfile("cpu-node", "CPU-only node (the local test cluster).", {"role": "cpu"}, gpu=False),
+        HardwareProfile(
+            "cpu-node", "CPU-only node (the local test cluster).", {"role": "cpu"}, gpu=False, price=CPU_NODE_PRICE
+        ),
         HardwareProfile("gpu-generic", "A GPU server of unknown build: no counts are expected.", {"role": "gpu"}),
         HardwareProfile(
             "hgx-h100-8gpu",
@@ -105,6 +129,7 @@ PROFILES: dict[str, HardwareProfile] = {
             rail_speed_mbps=400_000,
             rail_count=8,
             acceptance=H100_SXM,
+            price=H100_PRICE,
         ),
         HardwareProfile(
             "hgx-h200-8gpu",
@@ -114,6 +139,7 @@ PROFILES: dict[str, HardwareProfile] = {
             rail_speed_mbps=400_000,
             rail_count=8,
             acceptance=H200_SXM,
+            price=H200_PRICE,
         ),
         HardwareProfile(
             "hgx-h200-2gpu",
@@ -122,6 +148,7 @@ PROFILES: dict[str, HardwareProfile] = {
             {"role": "gpu", "gpu_count": 2, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
              "ecc": True},
             acceptance=H200_SXM,
+            price=H200_PRICE,
         ),
     )
 }

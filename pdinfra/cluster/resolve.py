@@ -43,6 +43,7 @@ from pdinfra.cluster.resolve_hosts import (  # noqa: F401
     _hardware,
     _instances,
     _model,
+    _price,
     _rails,
 )
 from pdinfra.cluster.resolve_services import (
@@ -348,7 +349,8 @@ def _hosts_pass(inv: InventoryView, s: Settings) -> tuple[list[Host], list[Insta
                     ck.add(f"{inst.var}.name", f"{inst.name!r} is also used on {other.host} ({other.var})", h)
                 names[inst.name] = inst
             _check_ports(ck, hv, h, insts, h in inv.routers)
-        hosts.append(Host(h, in_cluster, addr, addr_cidr, gpu, hardware, expect, tuple(rails), tuple(insts)))
+        hosts.append(Host(h, in_cluster, addr, addr_cidr, gpu, hardware, expect, tuple(rails), tuple(insts),
+                          price=_price(ck, hv, h, hw, gpu)))  # fmt: skip
         all_instances += insts
     instance_problem = any(p.variable.startswith("pdinfra_instances") for p in ck.problems)
     if inv.serving and not all_instances and not instance_problem:

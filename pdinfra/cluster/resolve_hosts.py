@@ -14,6 +14,7 @@ from pdinfra.cluster import kvshape, profiles, schema
 from pdinfra.cluster.checker import Checker, check_block, host_value, role_value, show, suggest
 from pdinfra.cluster.expect import THRESHOLD_KEYS, Expect
 from pdinfra.cluster.model import Instance, Model, Rail
+from pdinfra.cluster.price import Price
 from pdinfra.cluster.schema import PDINFRA
 
 # Keys of a host's expectations (pdinfra.host.checks.Expect; a test keeps the two in step).
@@ -39,6 +40,22 @@ def _hardware(ck: Checker, hv: dict[str, Any], h: str, profile: str, in_cluster:
         ck.add("pdinfra_gpu", f"false on a host with the GPU hardware profile {hardware}: the nvidia_driver role "
                "would not install or pin its driver (set pdinfra_hardware for a host without GPUs)", h)  # fmt: skip
     return hardware, gpu
+
+
+def _price(ck: Checker, hv: dict[str, Any], h: str, hw: profiles.HardwareProfile, gpu: bool) -> Price | None:
+    """The host's price: ``pdinfra_price`` (checked), else its hardware profile's indicative list price."""
+    raw = host_value(ck, hv, h, "pdinfra_price")
+    if raw is None:
+        return hw.price
+    try:
+        price = Price.from_dict(raw)
+    except ValueError as exc:
+        ck.add("pdinfra_price", str(exc), h)
+        return hw.price
+    if price.per_gpu and not (gpu and hw.gpu):
+        ck.add("pdinfra_price", "per_gpu_hour on a host without GPUs: price a CPU host per_host_hour", h)
+        return hw.price
+    return price
 
 
 def _model(ck: Checker, raw: Any, profile: str) -> tuple[Model | None, str, kvshape.KVShape | None]:

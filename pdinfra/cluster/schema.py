@@ -124,6 +124,16 @@ SLO_FIELDS = (
     _f("attainment", "raw", "Share of good requests a point needs (0-1, or a percentage).", default=0.9),
 )
 
+PRICE_FIELDS = (
+    _f("per_gpu_hour", "raw", "Price of one GPU for an hour (GPU hosts; charged for the GPUs a plan uses).",
+       default=None),
+    _f("per_host_hour", "raw", "Price of the whole host for an hour (every CPU host; a GPU host rented whole).",
+       default=None),
+    _f("currency", "raw", "Currency of the figure.", default="USD"),
+    _f("source", "raw", "Where the figure comes from: a quote, a contract, a list price and its date (required).",
+       default=None),
+)  # fmt: skip
+
 PDINFRA_VARS: tuple[Var, ...] = (
     _f("pdinfra_profile", "str", "`cpu`: vLLM's CPU build (the local test cluster); `gpu`: vLLM's CUDA build.",
        default="gpu", choices=("cpu", "gpu")),
@@ -132,6 +142,11 @@ PDINFRA_VARS: tuple[Var, ...] = (
        default_text="`cpu-node` on the cpu profile, else `gpu-generic`"),
     _f("pdinfra_expect", "dict", "Overrides of the host expectations (keys as in docs/validation.md).",
        default={}, scope="host"),
+    _f("pdinfra_price", "dict", "What the host costs an hour, with the figure's source: exactly one of "
+       "`per_gpu_hour` and `per_host_hour` (CPU hosts: per host). Replaces the hardware profile's indicative list "
+       "price (docs/variables.md, Hardware profiles); `pdinfra plan` and `pdinfra advise` turn it into tokens per "
+       "dollar (docs/planning.md).", default=None, scope="host", default_text="the hardware profile's list price",
+       fields=PRICE_FIELDS),
     _f("pdinfra_gpu", "bool", "Run the GPU host roles (nvidia_driver) on this host.", scope="host",
        default_text="`true` on the gpu profile"),
     _f("pdinfra_connector", "str", "KV connector between prefill and decode (docs/connectors.md): `nixl` (vLLM's "

@@ -23,7 +23,8 @@ LOCAL = REPO / "inventory" / "local" / "hosts.yml"
 BIN = Path(sys.executable).parent
 
 # signal key (advise.QUERIES) -> the metric its query reads, to recognise the query
-KEYS = {"requests_per_s": "request_success_total", "ttft_q_s": "time_to_first_token", "itl_p99_s": "inter_token",
+KEYS = {"itl_mean_s": "inter_token_latency_seconds_sum", "output_tokens_per_s": "generation_tokens_total",
+        "requests_per_s": "request_success_total", "ttft_q_s": "time_to_first_token", "itl_p99_s": "inter_token",
         "e2e_q_s": "e2e_request_latency", "queue_s": "request_queue_time", "waiting": "num_requests_waiting",
         "kv_usage": "kv_cache_usage_perc", "instances_up": 'up{job="vllm"}'}  # fmt: skip
 
@@ -68,6 +69,8 @@ HEALTHY = {
     "waiting": {"prefill": 0.0, "decode": 0.0},
     "kv_usage": {"prefill": 0.1, "decode": 0.2},
     "instances_up": {"prefill": 1, "decode": 2},
+    "output_tokens_per_s": {"prefill": 2.0, "decode": 128.0},
+    "itl_mean_s": {"decode": 0.02},
 }
 
 
@@ -152,3 +155,43 @@ def test_cli_prints_the_advice_and_refuses_a_bad_window():
     bad = subprocess.run([str(BIN / "pdinfra"), "advise", "--window", "ten"], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "--window 'ten'" in bad.stderr
+
+
+def test_a_role_without_settled_data_is_unknown_and_nothing_is_proposed(cluster):
+    """Right after prefill0 restarted, Prometheus has no settled sample of it (advise.SETTLED drops it): its request
+    latency is missing, while the decode side and the queue gauges still answer. Before the fix advise read the
+    missing TTFT as over the SLO, printed "client TTFT P90 <= n/a" beside "TTFT over the SLO", and proposed turning a
+    decode instance into a prefill one."""
+    values = case(queue_s={"prefill": 1.8})  # a backlog on the restarted prefill: what tempted the old rule
+    for key in ("ttft_q_s", "e2e_q_s", "itl_p99_s"):
+        values[key].pop("prefill", None)
+    a = judge(cluster, values)
+    assert a.verdict == "unknown" and a.change is None, a
+    assert not any("--apply" in act for act in a.actions), a.actions
+    assert "prefill has no settled data for its TTFT in the last 10m" in a.summary, a.summary
+    assert "no change is proposed" in a.summary
+    assert a.ttft_s is None
+    client = next(e for e in a.evidence if e.startswith("client TTFT"))
+    assert client.startswith("client TTFT P90 unknown (prefill: no settled data)"), client
+    assert not any("over the SLO" in line for line in [a.summary, *a.evidence, *a.actions])
+    from pdinfra.bench import apply
+
+    with pytest.raises(apply.ApplyError, match="has no change"):
+        apply.plan(LOCAL, a)
+
+
+def test_an_unsettled_decode_itl_is_unknown_too(cluster):
+    values = case()
+    values["itl_p99_s"].pop("decode")
+    a = judge(cluster, values)
+    assert a.verdict == "unknown" and "decode has no settled data for its ITL" in a.summary and a.change is None
+
+
+def test_advise_prints_tokens_per_dollar_with_the_price_source(cluster):
+    a = judge(cluster, HEALTHY)
+    hourly = 2 * 0.08  # inventory/local: two cpu-node hosts at the profile's list price per host-hour
+    assert a.cost_per_hour == pytest.approx(hourly) and a.currency == "USD" and "m7g.large" in a.price_sources[0]
+    assert a.tokens_per_dollar == pytest.approx(128.0 * 3600 / hourly)  # the decode side's output tokens/s
+    assert a.tokens_per_user_per_dollar == pytest.approx(1 / 0.02 * 3600 / hourly)
+    line = next(e for e in a.evidence if e.startswith("cost "))
+    assert "tokens per USD" in line and "tokens per user per USD" in line and "indicative list price" in line

@@ -35,6 +35,11 @@ CASES = [
     "transfer --layouts zigzag",
     "kv-trace show /nonexistent-trace.jsonl",
     "hosts status -i /nonexistent-inventory",
+    "plan --profile /nonexistent-profile.json --rate 1",
+    "plan --profile /nonexistent-profile.json --rate 1 --isl 8 --osl 8",
+    "plan --profile /nonexistent-profile.json --from-prometheus http://127.0.0.1:9 --horizon fortnight",
+    "plan --profile /nonexistent-profile.json --rate 1 --isl 8 --osl 8 --layout mixed",
+    "bench profile /nonexistent-run -o /nonexistent-dir/profile.json",
 ]
 
 

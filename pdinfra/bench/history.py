@@ -1,0 +1,91 @@
+"""The served load over time, from Prometheus range queries of vLLM's counters (the pd_monitoring role's server).
+
+Per step: the completed request rate, and the mean prompt (ISL) and output (OSL) lengths, each a ratio of counter
+rates: ``rate(vllm:prompt_tokens_total) / rate(vllm:request_success_total)``. The requests are counted where the
+client's requests end: on the decode instances under PD (a prefill instance counts each request's one-token
+prefill again), on every instance under the aggregated layout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+DURATION = re.compile(r"(\d+)([smhdw])")
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class HistoryError(RuntimeError):
+    """Prometheus could not be asked (the message names the URL and the expression)."""
+
+
+def seconds(duration: str) -> float:
+    """A Prometheus duration (``7d``, ``12h``, ``30m``) in seconds; ValueError otherwise."""
+    m = DURATION.fullmatch(duration.strip())
+    if not m or int(m.group(1)) <= 0:
+        raise ValueError(f"{duration!r} is not a duration such as 30m, 12h or 7d")
+    return int(m.group(1)) * SECONDS[m.group(2)]
+
+
+def range_query(prometheus: str, expr: str, start: float, end: float, step_s: float,
+                timeout: float = 30.0) -> list[tuple[float, float]]:  # fmt: skip
+    """``/api/v1/query_range`` -> [(unix time, value)] of the one series the expression returns (summed when it
+    returns several); NaN samples dropped."""
+    q = urllib.parse.urlencode({"query": expr, "start": f"{start:.0f}", "end": f"{end:.0f}", "step": f"{step_s:.0f}"})
+    url = f"{prometheus.rstrip('/')}/api/v1/query_range?{q}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise HistoryError(f"Prometheus at {prometheus} did not answer {expr!r}: {exc}") from exc
+    if body.get("status") != "success":
+        raise HistoryError(f"Prometheus at {prometheus} refused {expr!r}: {body.get('error')}")
+    summed: dict[float, float] = {}
+    for series in body["data"]["result"]:
+        for t, v in series.get("values", []):
+            x = float(v)
+            if math.isfinite(x):
+                summed[float(t)] = summed.get(float(t), 0.0) + x
+    return sorted(summed.items())
+
+
+@dataclass
+class LoadHistory:
+    step_s: float
+    times: list[float]
+    rate: list[float]  # requests/s, NaN where nothing was recorded
+    isl: float | None  # token-weighted over the whole history: total prompt tokens / total requests
+    osl: float | None
+    queries: dict[str, str]
+
+    @property
+    def span_s(self) -> float:
+        return (self.times[-1] - self.times[0] + self.step_s) if self.times else 0.0
+
+
+def queries(layout: str, step_s: float) -> dict[str, str]:
+    sel = '{pd_role="decode"}' if layout == "pd" else ""
+    w = f"{max(60, int(step_s))}s"
+    return {k: f"sum(rate(vllm:{m}{sel}[{w}]))" for k, m in (("requests", "request_success_total"),
+            ("prompt_tokens", "prompt_tokens_total"), ("generation_tokens", "generation_tokens_total"))}  # fmt: skip
+
+
+def load_history(prometheus: str, layout: str, lookback_s: float, step_s: float, now: float | None = None,
+                 timeout: float = 30.0) -> LoadHistory:  # fmt: skip
+    end = time.time() if now is None else now
+    start = end - lookback_s
+    exprs = queries(layout, step_s)
+    series = {k: dict(range_query(prometheus, e, start, end, step_s, timeout)) for k, e in exprs.items()}
+    got = sorted(series["requests"])
+    times = [got[0] + i * step_s for i in range(int(round((got[-1] - got[0]) / step_s)) + 1)] if got else []
+    rate = [series["requests"].get(t, math.nan) for t in times]  # a missing sample stays missing, not 0
+    req = sum(r for r in rate if math.isfinite(r))
+    isl = sum(series["prompt_tokens"].get(t, 0.0) for t in times) / req if req > 0 else None
+    osl = sum(series["generation_tokens"].get(t, 0.0) for t in times) / req if req > 0 else None
+    return LoadHistory(step_s, times, rate, isl, osl, exprs)

@@ -1,0 +1,182 @@
+"""``pdinfra plan``: the cheapest configuration predicted to meet the SLO at a load (registered by pdinfra.cli.main).
+The planning is :mod:`pdinfra.bench.planner` (inputs: :mod:`pdinfra.bench.plan_inputs`); this module parses the
+options and prints."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pdinfra.cli.common import resolved_cluster
+
+if TYPE_CHECKING:
+    from pdinfra.bench.planner import Plan
+
+
+def _bad(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "?"
+    return "inf" if math.isinf(v) else f"{v:.0f}"
+
+
+def _num(v: float | None, fmt: str = ".3g") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _count(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.1f} k" if v >= 1e3 else f"{v:.0f}"
+
+
+def show(con: Console, p: Plan) -> None:
+    unit = p.hardware.unit
+    cur = p.hardware.price.currency if p.hardware.price else ""
+    q = f"P{p.slo.attainment * 100:g}"
+    table = Table(title=f"pdinfra plan: {p.planned_rate:.3g} req/s planned (ISL {p.load.isl:g}, OSL {p.load.osl:g})")
+    cols = ("configuration", f"{unit}s", "hosts", f"{cur}/h", f"TTFT {q} ms", "ITL P99 ms", "TPOT ms", "goodput req/s",
+            f"tok/{cur or '$'}", f"tok/user/{cur or '$'}", "prediction", "SLO")  # fmt: skip
+    for c in cols:
+        table.add_column(c)
+    same = p.deployed is not None and p.chosen is not None and p.deployed.config.label == p.chosen.config.label
+    rows = list(p.options) + ([p.deployed] if p.deployed is not None and not same else [])
+    for o in rows:
+        pr = o.prediction
+        tag = " (chosen = deployed)" if o is p.chosen and same else " (chosen)" if o is p.chosen else ""
+        name = o.config.label + tag + (" (deployed)" if o is p.deployed else "")
+        slo = {True: "meets", False: "misses", None: "unknown"}[o.meets]
+        table.add_row(name, str(o.units), str(o.hosts), _num(o.cost_per_hour, ".2f"), _ms(pr.ttft_ms),
+                      _ms(pr.itl_p99_ms), _num(pr.tpot_ms, ".1f"), _num(o.goodput_rps), _count(o.tokens_per_dollar),
+                      _count(o.tokens_per_user_per_dollar), pr.status, slo)  # fmt: skip
+    con.print(table)
+    for line in p.reasoning:
+        con.print(f"  {line}", markup=False, highlight=False)
+
+
+def plan_cmd(
+    profile: Annotated[
+        list[Path],
+        typer.Option(
+            "--profile",
+            "-p",
+            help="A profile file (repeat for each instance shape: TP, GPUs); pdinfra bench profile builds one.",
+        ),
+    ],  # fmt: skip
+    rate: Annotated[float | None, typer.Option(min=0, help="Requests/s to plan for.")] = None,
+    isl: Annotated[float | None, typer.Option(min=1, help="Prompt tokens per request.")] = None,
+    osl: Annotated[float | None, typer.Option(min=1, help="Output tokens per request.")] = None,
+    from_prometheus: Annotated[
+        str | None,
+        typer.Option(
+            help="Forecast the load from this Prometheus's history "
+            "(vLLM's request and token counters) instead of --rate."
+        ),
+    ] = None,  # fmt: skip
+    horizon: Annotated[str, typer.Option(help="With --from-prometheus: how far ahead (e.g. 7d, 12h).")] = "7d",
+    lookback: Annotated[str | None, typer.Option(help="History to read (default: 2 x --horizon).")] = None,
+    layout: Annotated[
+        str, typer.Option(help="With --from-prometheus and no -i: the layout that served (agg, pd).")
+    ] = "pd",
+    inventory: Annotated[
+        Path | None,
+        typer.Option(
+            "--inventory", "-i", help="The inventory: its hosts, GPUs, prices, SLO and deployed configuration."
+        ),
+    ] = None,  # fmt: skip
+    gpus_per_host: Annotated[int | None, typer.Option(min=1, help="GPUs per host (without -i).")] = None,
+    cores_per_host: Annotated[int | None, typer.Option(min=1, help="CPU cores per host (CPU profiles).")] = None,
+    hosts: Annotated[int | None, typer.Option(min=0, help="Hosts you have (default: the inventory's).")] = None,
+    max_hosts: Annotated[int | None, typer.Option(min=1, help="Hosts a plan may use (default 4x, at least 4).")] = None,
+    price_per_gpu_hour: Annotated[float | None, typer.Option(min=0, help="Price per GPU-hour.")] = None,
+    price_per_host_hour: Annotated[float | None, typer.Option(min=0, help="Price per host-hour.")] = None,
+    price_source: Annotated[str, typer.Option(help="Where the --price-* figure comes from.")] = "",
+    currency: Annotated[str, typer.Option(help="The --price-* figure's currency.")] = "USD",
+    slo: Annotated[
+        str | None, typer.Option(help="SLO, inline YAML or a file (default: the inventory's pdinfra_slo).")
+    ] = None,  # fmt: skip
+    headroom: Annotated[float, typer.Option(min=0, max=10, help="Plan for rate x (1 + headroom).")] = 0.2,
+    measured_ttft_ms: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Live correction: the deployed cluster's measured TTFT (at the SLO's attainment) at --rate; needs -i.",
+        ),
+    ] = None,  # fmt: skip
+    measured_itl_p99_ms: Annotated[
+        float | None, typer.Option(min=0, help="Live correction: its measured ITL P99.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="The plan as JSON on stdout.")] = False,
+) -> None:
+    """Choose the cheapest configuration (aggregated or PD xPyD, TP per role, hosts) predicted to meet the SLO at
+    a load, from measured profiles; print the candidates, the reasoning, tokens per dollar and what to buy
+    (docs/planning.md)."""
+    from pdinfra.bench import history, plan_inputs, planner, predict
+    from pdinfra.bench import profile as prof
+    from pdinfra.cli.bench import parse_slo
+    from pdinfra.cluster.price import Price
+
+    if from_prometheus is None and (rate is None or isl is None or osl is None):
+        raise _bad("give the load: --rate, --isl and --osl, or --from-prometheus URL")
+    if layout not in ("agg", "pd"):
+        raise _bad(f"--layout {layout!r} must be agg or pd")
+    if (measured_ttft_ms or measured_itl_p99_ms) and inventory is None:
+        raise _bad("--measured-* corrects the profiles against the deployed configuration: give -i")
+    try:
+        horizon_s = history.seconds(horizon)
+        lookback_s = history.seconds(lookback) if lookback else 2 * horizon_s
+        profiles = [prof.load(p) for p in profile]
+        price = None
+        if price_per_gpu_hour is not None or price_per_host_hour is not None:
+            price = Price(price_per_gpu_hour, price_per_host_hour, currency, price_source)
+        the_slo = parse_slo(slo)
+    except (ValueError, OSError) as exc:
+        raise _bad(str(exc)) from exc
+    cluster = resolved_cluster(inventory) if inventory is not None else None
+    con = Console(width=200, stderr=json_out)
+    the_slo = the_slo or (planner.SLO.from_dict(cluster.slo) if cluster else None)
+    if the_slo is None or the_slo.empty:
+        raise _bad("no SLO: give --slo or an inventory with pdinfra_slo")
+    extra: dict = {}
+    try:
+        hw = plan_inputs.hardware(profiles, cluster, gpus_per_host or cores_per_host, hosts, max_hosts, price)
+        if from_prometheus is not None:
+            step_s = 3600.0 if horizon_s >= 86400 else 300.0
+            fl = plan_inputs.forecast_load(from_prometheus, cluster.layout if cluster else layout, horizon_s,
+                                           lookback_s, step_s, isl, osl)  # fmt: skip
+            con.print(fl.forecast.describe(), markup=False, highlight=False)
+            extra["forecast"] = vars(fl.forecast)
+            if fl.load is None:
+                con.print("no plan: the load is unknown; give it with --rate --isl --osl")
+                raise typer.Exit(1)
+            load = fl.load
+        else:
+            load = predict.Load(rate, isl, osl)
+        dep = plan_inputs.deployed(cluster, profiles) if cluster else None
+        if measured_ttft_ms or measured_itl_p99_ms:
+            if dep is None:
+                raise planner.PlanError("the deployed configuration's shapes are not all in the profiles")
+            c = planner.correction(
+                predict.predict(dep, load, the_slo.attainment), measured_ttft_ms, measured_itl_p99_ms
+            )
+            con.print(c.text, markup=False, highlight=False)
+            extra["correction"] = {"prefill": c.prefill, "decode": c.decode, "text": c.text}
+            profiles = [p.corrected(c.prefill, c.decode) for p in profiles]
+            dep = plan_inputs.deployed(cluster, profiles)
+        result = planner.plan(load, the_slo, profiles, hw, headroom, dep)
+    except (planner.PlanError, history.HistoryError) as exc:
+        raise _bad(str(exc)) from exc
+    if json_out:
+        typer.echo(json.dumps(result.to_dict() | extra, indent=2, default=str))
+        return
+    show(con, result)
