@@ -386,6 +386,29 @@ def _cuda_attr_unknown(f: dict) -> None:
         d["cuda"]["dma_buf_supported"] = None
 
 
+def _no_interfaces(f: dict) -> None:
+    f["netdevs"]["interfaces"] = {}
+
+
+def _no_speed(netdev: str) -> Mutator:
+    def mutate(f: dict) -> None:
+        f["netdevs"]["interfaces"][netdev].pop("speed_mbps", None)
+        for d in f["rdma"]["devices"]:
+            for port in d["ports"]:
+                if any(g.get("ndev") == netdev for g in port.get("gids") or []) or netdev in d.get("netdevs", []):
+                    port["rate"] = None
+
+    return mutate
+
+
+def _netdev_mtu(netdev: str, mtu: int) -> Mutator:
+    return lambda f: f["netdevs"]["interfaces"][netdev].update(mtu=mtu)
+
+
+def _rails(**kw: Any) -> list[dict[str, Any]]:
+    return [dict(r, **kw) for r in EXPECT["rdma"]]
+
+
 VERDICT_CASES: list[tuple[str, str, Mutator, dict[str, Any], str]] = [
     ("kernel exactly at the floor", "os.kernel_version", _kernel(5, 12, 0), {}, checks.PASS),
     ("kernel just below the floor", "os.kernel_version", _kernel(5, 11, 22), {}, checks.FAIL),
@@ -397,6 +420,13 @@ VERDICT_CASES: list[tuple[str, str, Mutator, dict[str, Any], str]] = [
     ("a P2P pair not recorded", "gpu.p2p", _drop_p2p_pair, {}, checks.WARN),
     ("dma-buf attribute unknown", "gpu.dmabuf", _cuda_attr_unknown, {}, checks.WARN),
     ("port max_mtu unreadable: 4096 assumed", "rdma.mtu", _port0(max_mtu=None), {}, checks.PASS),
+    ("an undeclared RDMA port down", "rdma.ports", _port0(state="DOWN"), {"rdma": []}, checks.WARN),
+    ("undeclared RoCE ports, netdev MTU not recorded", "rdma.mtu", _no_interfaces, {"rdma": []}, checks.WARN),
+    ("rails without a declared speed", "rdma.speed", lambda f: None, {"rdma": _rails(speed=None)}, checks.WARN),
+    ("a rail's speed not recorded", "rdma.speed", _no_speed("enp26s0np0"), {}, checks.WARN),
+    ("rails without a declared MTU, all alike", "rdma.mtu", lambda f: None, {"rdma": _rails(mtu=None)}, checks.PASS),
+    ("rails without a declared MTU, one differs", "rdma.mtu", _netdev_mtu("enp26s0np0", 1500),
+     {"rdma": _rails(mtu=None)}, checks.FAIL),
 ]  # fmt: skip
 
 
