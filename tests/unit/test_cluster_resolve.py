@@ -640,3 +640,14 @@ def test_conditional_disaggregation_threshold_reaches_the_router_with_its_regex(
     for n in (1, 9, 10, 11, 99, 100, 101, 1000, 2048, 4096, 65537):
         rx = re.compile(numbers_below_regex(n))
         assert all(bool(rx.match(str(k))) == (k < n) for k in range(0, 2 * n + 20)), n
+
+
+@pytest.mark.parametrize(("mutate", "var"), [
+    (_set_all("pdinfra_api_key", "k" * 16), "pdinfra_api_key"),
+    (_set_all("pdinfra_kv_port_range", "1024-1999"), "pdinfra_kv_port_range: '1024-1999' must be"),
+    (_set_all("pdinfra_kv_port_range", "61000-65535"), "pdinfra_kv_port_range: '61000-65535' must be"),
+], ids=["api key of exactly 16 characters", "port range from 1024", "port range up to 65535"])  # fmt: skip
+def test_values_at_their_limits_are_accepted(mutate, var):
+    """The other side of the BAD table's limits (mutants of `<` for `<=` survived it: benchmarks/mutation.py)."""
+    out = problems_of(CPU, mutate)
+    assert not [p for p in out if var in p], out
