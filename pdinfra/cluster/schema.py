@@ -158,7 +158,8 @@ PDINFRA_VARS: tuple[Var, ...] = (
        max=16_777_216, scope="router"),
     _f("pdinfra_api_key", "str", "API key clients must present to the router; the instances require it too and the "
        "router's PD hops send it (from the router's environment). Keep it in ansible-vault; never logged, written only "
-       "to root-only files. Empty: no key.", default="", secret=True),
+       "to root-only files. Empty: no key, which `pdinfra check-config` refuses while the router is open to every "
+       "address (see `pdinfra_router_open`).", default="", secret=True),
     _f("pdinfra_api_key_file", "str", "A file on the controller whose first line is the API key (instead of "
        "`pdinfra_api_key`; it must not be readable by group or others).", default=""),
     _f("pdinfra_kv_load_failure_policy", "str", "What a decode instance does when it cannot read a request's KV "
@@ -212,6 +213,10 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "UCX listeners, router metrics) in only from cluster peers and the router port only from "
        "`pdinfra_client_networks`; other ports are left alone.", default=True),
     _f("pdinfra_client_networks", "list", "Networks (CIDR) allowed to reach the router port.", default=["0.0.0.0/0"]),
+    _f("pdinfra_router_open", "bool", "Declare the router open on purpose: without an API key (`pdinfra_api_key`, "
+       "`pdinfra_api_key_file`) a router whose `pdinfra_client_networks` admit every address (the default "
+       "`0.0.0.0/0`), or that no firewall guards (`pdinfra_firewall: false`), serves anyone who reaches it, and "
+       "`pdinfra check-config` refuses it unless this is true.", default=False),
     _f("pdinfra_admin_networks", "list", "Networks (CIDR) besides the cluster's own addresses allowed to reach the PD "
        "ports: the Prometheus server, the controller that runs smoke and bench.", default=[]),
     _f("pdinfra_firewall_ephemeral_ports", "str", "The nodes' ephemeral port range (Linux's default "
@@ -385,7 +390,7 @@ SAME_ON_EVERY_HOST = frozenset({
     "pdinfra_profile", "pdinfra_connector", "pdinfra_layout", "pdinfra_dtype", "pdinfra_block_size",
     "pdinfra_max_model_len", "pdinfra_kv_lease_duration", "pdinfra_venv", "pdinfra_kv_store",
     "pdinfra_kv_store_protocol", "pdinfra_kv_store_port_range", "pdinfra_kv_store_roles", "pdinfra_kv_port_range",
-    "pdinfra_kv_load_failure_policy", "pdinfra_service_user", "pdinfra_firewall",
+    "pdinfra_kv_load_failure_policy", "pdinfra_service_user", "pdinfra_firewall", "pdinfra_router_open",
 })  # fmt: skip
 
 # vLLM flags the vllm_instance unit sets from the cluster model, with the variable that owns each: an instance's
