@@ -305,6 +305,7 @@ def _port_plan_pass(inv: InventoryView, s: Settings) -> PortPlan:
         client_networks=_networks(ck, value(PDINFRA["pdinfra_client_networks"]), "pdinfra_client_networks"),
         admin_networks=_networks(ck, value(PDINFRA["pdinfra_admin_networks"]), "pdinfra_admin_networks",
                                  empty_ok=True),
+        admit_controller=bool(value(PDINFRA["pdinfra_firewall_admit_controller"])),
         port_range=port_range, ephemeral=ephemeral, kv=m_range, ephemeral_range=m_eph, mooncake=m_store,
     )  # fmt: skip
     if inv.serving and inv.routers:
@@ -417,7 +418,8 @@ def _services_pass(inv: InventoryView, s: Settings, plan: PortPlan, hosts: list[
             for h in hosts]  # fmt: skip
     if plan.kv and plan.ephemeral_range and plan.firewall:
         hosts = _firewalls(ck, hosts, [plan.kv, plan.ephemeral_range], plan.client_networks, plan.admin_networks,
-                           monitoring, kv_store, m_store if s.mooncake_pd else None)  # fmt: skip
+                           monitoring, kv_store, m_store if s.mooncake_pd else None,
+                           admit_controller=plan.admit_controller)  # fmt: skip
     return hosts, monitoring, kv_store
 
 

@@ -220,13 +220,14 @@ def _kv_store(ck: Checker, hosts: list[Host], routers: list[Router], monitoring:
 def _firewalls(
     ck: Checker, hosts: list[Host], ranges: list[tuple[int, int]], client_networks: tuple[str, ...],
     admin_networks: tuple[str, ...], monitoring: Monitoring | None = None, kv_store: KVStore | None = None,
-    mooncake: tuple[int, int] | None = None,
+    mooncake: tuple[int, int] | None = None, admit_controller: bool = True,
 ) -> list[Host]:  # fmt: skip
     """Each PD host's firewall: the PD ports (service ports, UCX's range, the ephemeral range) from the cluster's
-    own addresses and the admin networks, the router port from clients. ``mooncake``: the Mooncake PD connector's
-    transfer-engine range, opened on every host with instances. (Its prefill's ZeroMQ side channel needs nothing
-    more: vLLM binds it with pyzmq's ``bind_to_random_port`` without a range, so the kernel picks a port of
-    ip_local_port_range, which the ephemeral range already opens to peers.)"""
+    own addresses, the admin networks and (``admit_controller``: the pd_firewall role finds its addresses at play
+    time) the controller, the router port from clients. ``mooncake``: the Mooncake PD connector's transfer-engine
+    range, opened on every host with instances. (Its prefill's ZeroMQ side channel needs nothing more: vLLM binds it
+    with pyzmq's ``bind_to_random_port`` without a range, so the kernel picks a port of ip_local_port_range, which
+    the ephemeral range already opens to peers.)"""
     peers = tuple(dict.fromkeys(h.address for h in hosts if h.in_cluster and h.address))
     kv = ranges[0]
     out = []
@@ -269,6 +270,6 @@ def _firewalls(
             else:
                 merged.append([lo, hi])
         ports = tuple(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in merged)
-        fw = Firewall(peers, ports, client, client_networks, admin_networks)
+        fw = Firewall(peers, ports, client, client_networks, admin_networks, admit_controller)
         out.append(dataclasses.replace(h, firewall=fw))
     return out

@@ -218,7 +218,14 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "`0.0.0.0/0`), or that no firewall guards (`pdinfra_firewall: false`), serves anyone who reaches it, and "
        "`pdinfra check-config` refuses it unless this is true.", default=False),
     _f("pdinfra_admin_networks", "list", "Networks (CIDR) besides the cluster's own addresses allowed to reach the PD "
-       "ports: the Prometheus server, the controller that runs smoke and bench.", default=[]),
+       "ports: a Prometheus server or dashboard of your own, other machines that run smoke, bench or advise. The "
+       "controller that runs the plays needs no entry while `pdinfra_firewall_admit_controller` is true.", default=[]),
+    _f("pdinfra_firewall_admit_controller", "bool", "Let the controller that runs the plays reach the PD ports too "
+       "(`pdinfra smoke`, `bench` and `advise` read the instances' `/metrics` and Prometheus from it): the pd_firewall "
+       "role adds the address the controller uses towards each node (from the controller's routing table) and the "
+       "address the node sees the play's SSH connection come from (`SSH_CLIENT` in its facts) to the admin set, "
+       "as of the last play that wrote the firewall. false: only the cluster's own addresses and "
+       "`pdinfra_admin_networks`.", default=True),
     _f("pdinfra_firewall_ephemeral_ports", "str", "The nodes' ephemeral port range (Linux's default "
        "`net.ipv4.ip_local_port_range`): torch.distributed's gloo groups and other helpers of vLLM listen there on "
        "random ports, so new connections to it are accepted only from cluster peers and admin networks.",
@@ -390,7 +397,8 @@ SAME_ON_EVERY_HOST = frozenset({
     "pdinfra_profile", "pdinfra_connector", "pdinfra_layout", "pdinfra_dtype", "pdinfra_block_size",
     "pdinfra_max_model_len", "pdinfra_kv_lease_duration", "pdinfra_venv", "pdinfra_kv_store",
     "pdinfra_kv_store_protocol", "pdinfra_kv_store_port_range", "pdinfra_kv_store_roles", "pdinfra_kv_port_range",
-    "pdinfra_kv_load_failure_policy", "pdinfra_service_user", "pdinfra_firewall", "pdinfra_router_open",
+    "pdinfra_kv_load_failure_policy", "pdinfra_service_user", "pdinfra_firewall", "pdinfra_firewall_admit_controller",
+    "pdinfra_router_open",
 })  # fmt: skip
 
 # vLLM flags the vllm_instance unit sets from the cluster model, with the variable that owns each: an instance's

@@ -243,6 +243,7 @@ def test_firewall_lets_peers_reach_pd_ports_and_clients_only_the_router():
     assert n1.client_ports == (8000,)
     assert n2.peer_ports == ("5610", "8200", "9100", "20000-20999", "32768-60999") and n2.client_ports == ()
     assert n1.client_networks == ("0.0.0.0/0",) and n1.admin_networks == ()
+    assert n1.admit_controller and n2.admit_controller  # the controller's addresses: the role finds them at play time
     hv = copy.deepcopy(CPU)
     for h in hv.values():
         h["pdinfra_firewall"] = False
