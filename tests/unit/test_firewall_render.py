@@ -4,7 +4,7 @@ its lookup of the controller's addresses as pure functions.
 What is checked: the PD ports admit the cluster's peers, the admin networks and the controller that runs the play
 (pdinfra_firewall_admit_controller, on by default) and nobody else; the controller's address comes from the
 controller's route towards the node and from SSH_CLIENT, once, never inside an admin network (nftables refuses
-overlapping elements of an interval set).
+overlapping elements of an interval set); stopping the unit leaves the table.
 """
 
 from __future__ import annotations
@@ -120,6 +120,14 @@ def test_ansible_runs_the_lookup_with_its_options():
     out = plugin.run(["127.0.0.1"], variables={}, ssh_client="203.0.113.7 51234 22", covered=["203.0.113.0/24"])
     assert out == []  # the route gives loopback, SSH_CLIENT is covered
     assert plugin.run(["127.0.0.1"], variables={}, ssh_client="198.51.100.4 1 22") == ["198.51.100.4"]
+
+
+def test_stopping_the_unit_leaves_the_table_and_the_role_deletes_it_only_when_turned_off():
+    unit = (ROLE / "templates" / "pdinfra-firewall.service.j2").read_text()
+    assert "ExecStop=" not in unit and "ExecStart=/usr/sbin/nft -f /etc/pdinfra/firewall.nft" in unit
+    tasks = (ROLE / "tasks" / "main.yml").read_text()
+    removal = tasks.split("when: pd_firewall_rules is none", 1)[1]
+    assert "[/usr/sbin/nft, delete, table, inet, pdinfra]" in removal
 
 
 @pytest.mark.parametrize("value", ["yes", True])
