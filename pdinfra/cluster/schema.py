@@ -310,7 +310,7 @@ ROLE_PATTERNS: dict[str, tuple[str, str]] = {
     "nvidia_driver_branch": (r"^[0-9]{3}$", 'a driver branch number such as "580"'),
     "nvidia_driver_version": (r"^[0-9]{3}\.[0-9]+(\.[0-9]+)?$", 'a full driver version such as "580.159.04"'),
     "ucx_ib_gid_index": (r"^(auto|[0-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-5])$", "auto or 0..255"),
-    "ucx_module_dir": (r"^(/.*)?$", "an absolute path (UCX_MODULE_DIR) or empty"),
+    "ucx_module_dir": (r"^(/.*|venv)?$", "an absolute path (UCX_MODULE_DIR), venv or empty"),
     # the role's own check (roles/nvidia_driver/tasks/validate.yml) compares `| string | lower`
     "nvidia_driver_fabricmanager": (r"^(?i:auto|true|false)$", "auto, true or false"),
 }

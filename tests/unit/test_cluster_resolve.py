@@ -570,7 +570,7 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("hf_id given as a URL", GPU, _model("hf_id", "https://huggingface.co/openai/gpt-oss-120b"), "pdinfra_model.hf_id: must be a Hugging Face id such as openai/gpt-oss-120b (not a URL), not 'https://huggingface.co/openai/gpt-oss-120b'"),
     ("relative model path", CPU, _model("path", "models/tiny"), "pdinfra_model.path: must be an absolute path on the node, not 'models/tiny'"),
     ("relative instance model path", CPU, _inst("node1", "model", "tiny"), "host node1: pdinfra_instances[0].model: must be an absolute path on the node, not 'tiny'"),
-    ("relative ucx_module_dir", GPU, _host("gpu1", "ucx_module_dir", "lib/ucx"), "host gpu1: ucx_module_dir: must be an absolute path (UCX_MODULE_DIR) or empty, not 'lib/ucx'"),
+    ("relative ucx_module_dir", GPU, _host("gpu1", "ucx_module_dir", "lib/ucx"), "host gpu1: ucx_module_dir: must be an absolute path (UCX_MODULE_DIR), venv or empty, not 'lib/ucx'"),
     ("fabricmanager yes", GPU, _set_all("nvidia_driver_fabricmanager", "yes"), "host gpu1: nvidia_driver_fabricmanager: must be auto, true or false, not 'yes'"),
     # addresses and routes
     ("address is the network address", CPU, _host("node2", "pdinfra_address", "198.18.0.0/24"), "host node2: pdinfra_address: 198.18.0.0/24 is the network address of 198.18.0.0/24: give the node's own address"),
