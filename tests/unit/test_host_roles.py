@@ -467,3 +467,18 @@ def test_the_ucx_tag_alone_writes_the_gid_index(tmp_path):
     res = _play(tmp_path, REPO / "playbooks" / "host.yml", "--tags", "ucx", "-e", json.dumps(extra))
     assert res.rc == 0, res.summary()
     assert "UCX_IB_GID_INDEX=" not in (out / "ucx.env").read_text()
+
+
+@pytestmark_ansible
+def test_preflight_checks_the_disk_where_the_model_goes(tmp_path):
+    """The disk check measures pdinfra_model.path's filesystem (the model's one place, from the cluster model), not a
+    path of its own: with more free space required than any disk has, preflight fails naming that path and the
+    variable. node1 of the local inventory, run on this machine (local connection, read-only tag)."""
+    extra = {"preflight_hardware_checks": "never", "preflight_disk_requirements": [],
+             "preflight_model_min_free_gib": 10**6, "ansible_python_interpreter": sys.executable}  # fmt: skip
+    res = _play(tmp_path, REPO / "playbooks" / "host.yml", "-i", str(REPO / "inventory" / "local" / "hosts.yml"),
+                "-l", "node1", "--tags", "preflight", "-e", json.dumps(extra))  # fmt: skip
+    assert res.rc != 0, res.summary()
+    msg = " ".join(f.msg for f in res.failures)
+    assert "disk /opt/pdinfra/models/pdinfra-tiny-llama" in msg, msg
+    assert "< 1000000 GiB (preflight_model_min_free_gib, for pdinfra_model.path)" in msg, msg
