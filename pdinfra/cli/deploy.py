@@ -29,6 +29,24 @@ from pdinfra.cli.testhosts import hosts_create, hosts_destroy
 # `pdinfra deploy`'s arguments that are not its own go to ansible-playbook.
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
+LIMIT_NOTE = (
+    "--limit {limit}: only these hosts are converged. The router's backends, every node's firewall peers and "
+    "Prometheus's targets are written from the whole inventory, but only on hosts in the limit: after adding or "
+    "removing a node, run pdinfra deploy without --limit (docs/runbooks/add-node.md)"
+)
+
+
+def limit_of(args: list[str]) -> str | None:
+    """The host pattern of ansible-playbook's -l/--limit among ``args``, or None when there is none."""
+    for i, arg in enumerate(args):
+        if arg in ("-l", "--limit"):
+            return args[i + 1] if i + 1 < len(args) else ""
+        if arg.startswith("--limit="):
+            return arg.split("=", 1)[1]
+        if arg.startswith("-l") and not arg.startswith("--"):
+            return arg[2:]
+    return None
+
 
 def check_config_cmd(
     inventory: Inv = DEFAULT_INV,
@@ -70,6 +88,9 @@ def deploy_cmd(
     check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report what would change.")] = False,
 ) -> None:
     """Run site.yml against the inventory (extra arguments go to ansible-playbook)."""
+    limit = limit_of(list(ctx.args))
+    if limit is not None:
+        console.print(f"[yellow]note:[/] {LIMIT_NOTE.format(limit=limit)}")
     rc = run_playbook(inventory, list(ctx.args), check)
     raise typer.Exit(rc)
 

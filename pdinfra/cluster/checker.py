@@ -251,6 +251,7 @@ class PortPlan:
     firewall: bool
     client_networks: tuple[str, ...]
     admin_networks: tuple[str, ...]
+    admit_controller: bool
     port_range: str
     ephemeral: str
     kv: tuple[int, int] | None  # pdinfra_kv_port_range (UCX)

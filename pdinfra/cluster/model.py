@@ -99,14 +99,18 @@ class Router:
 @dataclass(frozen=True)
 class Firewall:
     """What a PD host lets in (rendered to nftables by the pd_firewall role): the PD ports (instances, NIXL side
-    channels, UCX's TCP listeners, router metrics) only from the cluster's own addresses, the router port only from
-    the client networks. Other ports are not touched (the table filters only these)."""
+    channels, UCX's TCP listeners, router metrics) only from the cluster's own addresses, the admin networks and the
+    controller, the router port only from the client networks. Other ports are not touched (the table filters only
+    these)."""
 
     peers: tuple[str, ...]  # every PD host's serving address
     peer_ports: tuple[str, ...]  # "8100" or "20000-20999"
     client_ports: tuple[int, ...]  # the router port on the router host
     client_networks: tuple[str, ...]
-    admin_networks: tuple[str, ...] = ()  # also reach the PD ports (monitoring, the controller's smoke and bench)
+    admin_networks: tuple[str, ...] = ()  # also reach the PD ports (a monitoring server, other admin machines)
+    # the controller that runs the play also reaches the PD ports (its smoke, bench and advise): the pd_firewall role
+    # adds its addresses as the node sees them (pdinfra_firewall_admit_controller)
+    admit_controller: bool = True
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from pdinfra.cluster.resolve_services import (
     _lmcache_ports,
     _monitoring,
     _networks,
+    _open_router,
     _port_range,
     _serving_ports,
 )
@@ -292,7 +293,8 @@ def _settings_pass(inv: InventoryView) -> Settings:
 
 
 def _port_plan_pass(inv: InventoryView, s: Settings) -> PortPlan:
-    """The firewall's switches and networks, and the three port ranges, apart from each other."""
+    """The firewall's switches and networks, and the three port ranges, apart from each other; a router without a key
+    that everyone may reach is refused unless declared open."""
     ck, value = inv.ck, inv.cluster_value
     store_range = str(s.store_values["pdinfra_kv_store_port_range"])
     m_store = _port_range(ck, "pdinfra_kv_store_port_range", store_range, "15000-16999")
@@ -310,13 +312,18 @@ def _port_plan_pass(inv: InventoryView, s: Settings) -> PortPlan:
     if m_range and m_eph and not (m_range[1] < m_eph[0] or m_eph[1] < m_range[0]):
         ck.add("pdinfra_kv_port_range", f"{port_range} overlaps pdinfra_firewall_ephemeral_ports {ephemeral}: UCX "
                "would compete with the kernel's ephemeral ports; choose a range below it")  # fmt: skip
-    return PortPlan(
+    plan = PortPlan(
         firewall=bool(value(PDINFRA["pdinfra_firewall"])),
         client_networks=_networks(ck, value(PDINFRA["pdinfra_client_networks"]), "pdinfra_client_networks"),
         admin_networks=_networks(ck, value(PDINFRA["pdinfra_admin_networks"]), "pdinfra_admin_networks",
                                  empty_ok=True),
+        admit_controller=bool(value(PDINFRA["pdinfra_firewall_admit_controller"])),
         port_range=port_range, ephemeral=ephemeral, kv=m_range, ephemeral_range=m_eph, mooncake=m_store,
     )  # fmt: skip
+    if inv.serving and inv.routers:
+        _open_router(ck, s.api_key, plan.client_networks, plan.firewall, bool(value(PDINFRA["pdinfra_router_open"])),
+                     inv.routers)  # fmt: skip
+    return plan
 
 
 def _hosts_pass(inv: InventoryView, s: Settings) -> tuple[list[Host], list[Instance]]:
@@ -427,7 +434,8 @@ def _services_pass(inv: InventoryView, s: Settings, plan: PortPlan, hosts: list[
             for h in hosts]  # fmt: skip
     if plan.kv and plan.ephemeral_range and plan.firewall:
         hosts = _firewalls(ck, hosts, [plan.kv, plan.ephemeral_range], plan.client_networks, plan.admin_networks,
-                           monitoring, kv_store, m_store if s.mooncake_pd else None)  # fmt: skip
+                           monitoring, kv_store, m_store if s.mooncake_pd else None,
+                           admit_controller=plan.admit_controller)  # fmt: skip
     return hosts, monitoring, kv_store
 
 

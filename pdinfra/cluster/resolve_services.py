@@ -59,6 +59,27 @@ def _networks(ck: Checker, raw: Any, var: str, empty_ok: bool = False) -> tuple[
     return tuple(out)
 
 
+def _open_router(ck: Checker, api_key: str, client_networks: tuple[str, ...], firewall: bool, declared_open: bool,
+                 routers: list[str]) -> None:  # fmt: skip
+    """A router without an API key that every address may reach is a model served to anyone: refused unless the
+    operator declares it open (``pdinfra_router_open``). Not repeated when the key or the networks are themselves
+    reported already (an unreadable key file, a malformed network)."""
+    if declared_open or api_key:
+        return
+    if any(p.variable.startswith(("pdinfra_api_key", "pdinfra_client_networks")) for p in ck.problems):
+        return
+    nets = [ipaddress.ip_network(n) for n in client_networks]
+    everyone = ipaddress.ip_network("0.0.0.0/0") in list(ipaddress.collapse_addresses(nets))
+    if firewall and not everyone:
+        return
+    why = ("pdinfra_firewall is false (no firewall keeps anyone out)" if not firewall else
+           f"pdinfra_client_networks ({', '.join(client_networks)}) admits every address")  # fmt: skip
+    ck.add("pdinfra_api_key", f"the router ({', '.join(routers)}) would serve anyone: it has no API key "
+           f"(pdinfra_api_key and pdinfra_api_key_file are empty) and {why}. Give it a key (pdinfra_api_key_file, or "
+           "pdinfra_api_key from ansible-vault), narrow pdinfra_client_networks, or declare it open on purpose with "
+           "pdinfra_router_open: true (docs/security.md)")  # fmt: skip
+
+
 def _port_range(ck: Checker, var: str, text: str, example: str) -> tuple[int, int] | None:
     m = re.fullmatch(r"(\d+)-(\d+)", text)
     if not m or not (1024 <= int(m[1]) <= int(m[2]) <= 65535):
@@ -199,13 +220,14 @@ def _kv_store(ck: Checker, hosts: list[Host], routers: list[Router], monitoring:
 def _firewalls(
     ck: Checker, hosts: list[Host], ranges: list[tuple[int, int]], client_networks: tuple[str, ...],
     admin_networks: tuple[str, ...], monitoring: Monitoring | None = None, kv_store: KVStore | None = None,
-    mooncake: tuple[int, int] | None = None,
+    mooncake: tuple[int, int] | None = None, admit_controller: bool = True,
 ) -> list[Host]:  # fmt: skip
     """Each PD host's firewall: the PD ports (service ports, UCX's range, the ephemeral range) from the cluster's
-    own addresses and the admin networks, the router port from clients. ``mooncake``: the Mooncake PD connector's
-    transfer-engine range, opened on every host with instances. (Its prefill's ZeroMQ side channel needs nothing
-    more: vLLM binds it with pyzmq's ``bind_to_random_port`` without a range, so the kernel picks a port of
-    ip_local_port_range, which the ephemeral range already opens to peers.)"""
+    own addresses, the admin networks and (``admit_controller``: the pd_firewall role finds its addresses at play
+    time) the controller, the router port from clients. ``mooncake``: the Mooncake PD connector's transfer-engine
+    range, opened on every host with instances. (Its prefill's ZeroMQ side channel needs nothing more: vLLM binds it
+    with pyzmq's ``bind_to_random_port`` without a range, so the kernel picks a port of ip_local_port_range, which
+    the ephemeral range already opens to peers.)"""
     peers = tuple(dict.fromkeys(h.address for h in hosts if h.in_cluster and h.address))
     kv = ranges[0]
     out = []
@@ -248,6 +270,6 @@ def _firewalls(
             else:
                 merged.append([lo, hi])
         ports = tuple(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in merged)
-        fw = Firewall(peers, ports, client, client_networks, admin_networks)
+        fw = Firewall(peers, ports, client, client_networks, admin_networks, admit_controller)
         out.append(dataclasses.replace(h, firewall=fw))
     return out

@@ -173,7 +173,8 @@ PDINFRA_VARS: tuple[Var, ...] = (
        max=16_777_216, scope="router"),
     _f("pdinfra_api_key", "str", "API key clients must present to the router; the instances require it too and the "
        "router's PD hops send it (from the router's environment). Keep it in ansible-vault; never logged, written only "
-       "to root-only files. Empty: no key.", default="", secret=True),
+       "to root-only files. Empty: no key, which `pdinfra check-config` refuses while the router is open to every "
+       "address (see `pdinfra_router_open`).", default="", secret=True),
     _f("pdinfra_api_key_file", "str", "A file on the controller whose first line is the API key (instead of "
        "`pdinfra_api_key`; it must not be readable by group or others).", default=""),
     _f("pdinfra_kv_load_failure_policy", "str", "What a decode instance does when it cannot read a request's KV "
@@ -227,8 +228,19 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "UCX listeners, router metrics) in only from cluster peers and the router port only from "
        "`pdinfra_client_networks`; other ports are left alone.", default=True),
     _f("pdinfra_client_networks", "list", "Networks (CIDR) allowed to reach the router port.", default=["0.0.0.0/0"]),
+    _f("pdinfra_router_open", "bool", "Declare the router open on purpose: without an API key (`pdinfra_api_key`, "
+       "`pdinfra_api_key_file`) a router whose `pdinfra_client_networks` admit every address (the default "
+       "`0.0.0.0/0`), or that no firewall guards (`pdinfra_firewall: false`), serves anyone who reaches it, and "
+       "`pdinfra check-config` refuses it unless this is true.", default=False),
     _f("pdinfra_admin_networks", "list", "Networks (CIDR) besides the cluster's own addresses allowed to reach the PD "
-       "ports: the Prometheus server, the controller that runs smoke and bench.", default=[]),
+       "ports: a Prometheus server or dashboard of your own, other machines that run smoke, bench or advise. The "
+       "controller that runs the plays needs no entry while `pdinfra_firewall_admit_controller` is true.", default=[]),
+    _f("pdinfra_firewall_admit_controller", "bool", "Let the controller that runs the plays reach the PD ports too "
+       "(`pdinfra smoke`, `bench` and `advise` read the instances' `/metrics` and Prometheus from it): the pd_firewall "
+       "role adds the address the controller uses towards each node (from the controller's routing table) and the "
+       "address the node sees the play's SSH connection come from (`SSH_CLIENT` in its facts) to the admin set, "
+       "as of the last play that wrote the firewall. false: only the cluster's own addresses and "
+       "`pdinfra_admin_networks`.", default=True),
     _f("pdinfra_firewall_ephemeral_ports", "str", "The nodes' ephemeral port range (Linux's default "
        "`net.ipv4.ip_local_port_range`): torch.distributed's gloo groups and other helpers of vLLM listen there on "
        "random ports, so new connections to it are accepted only from cluster peers and admin networks.",
@@ -313,7 +325,7 @@ ROLE_PATTERNS: dict[str, tuple[str, str]] = {
     "nvidia_driver_branch": (r"^[0-9]{3}$", 'a driver branch number such as "580"'),
     "nvidia_driver_version": (r"^[0-9]{3}\.[0-9]+(\.[0-9]+)?$", 'a full driver version such as "580.159.04"'),
     "ucx_ib_gid_index": (r"^(auto|[0-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-5])$", "auto or 0..255"),
-    "ucx_module_dir": (r"^(/.*)?$", "an absolute path (UCX_MODULE_DIR) or empty"),
+    "ucx_module_dir": (r"^(/.*|venv)?$", "an absolute path (UCX_MODULE_DIR), venv or empty"),
     # the role's own check (roles/nvidia_driver/tasks/validate.yml) compares `| string | lower`
     "nvidia_driver_fabricmanager": (r"^(?i:auto|true|false)$", "auto, true or false"),
 }
@@ -400,7 +412,8 @@ SAME_ON_EVERY_HOST = frozenset({
     "pdinfra_profile", "pdinfra_connector", "pdinfra_layout", "pdinfra_dtype", "pdinfra_block_size",
     "pdinfra_max_model_len", "pdinfra_kv_lease_duration", "pdinfra_venv", "pdinfra_kv_store",
     "pdinfra_kv_store_protocol", "pdinfra_kv_store_port_range", "pdinfra_kv_store_roles", "pdinfra_kv_port_range",
-    "pdinfra_kv_load_failure_policy", "pdinfra_service_user", "pdinfra_firewall",
+    "pdinfra_kv_load_failure_policy", "pdinfra_service_user", "pdinfra_firewall", "pdinfra_firewall_admit_controller",
+    "pdinfra_router_open",
 })  # fmt: skip
 
 # vLLM flags the vllm_instance unit sets from the cluster model, with the variable that owns each: an instance's

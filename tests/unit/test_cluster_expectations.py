@@ -25,6 +25,7 @@ def _inventory() -> tuple[dict, dict]:
         for i, b in enumerate(NIC_BUSES)
     ]
     common = {
+        "pdinfra_router_open": True,  # keyless and open on purpose: these tests are about the expectations
         "pdinfra_profile": "gpu",
         "pdinfra_hardware": "hgx-h100-8gpu",
         "pdinfra_model": {"name": "gpt-oss-120b", "source": "node_path", "path": "/m", "shape": "gpt-oss-120b"},

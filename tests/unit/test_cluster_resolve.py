@@ -16,9 +16,12 @@ import pytest
 from pdinfra.cluster import resolve as R
 from pdinfra.cluster.model import Cluster
 
+# The router of these inventories is open on purpose (no key, clients from everywhere): everything else is tested
+# here; the key and the open router have their own cases (test_a_keyless_router_open_to_everyone_...).
 CPU = {
     "node1": {
         "pdinfra_address": "198.18.0.11/24",
+        "pdinfra_router_open": True,
         "pdinfra_profile": "cpu",
         "pdinfra_block_size": 32,
         "pdinfra_dtype": "bfloat16",
@@ -28,6 +31,7 @@ CPU = {
     },
     "node2": {
         "pdinfra_address": "198.18.0.12/24",
+        "pdinfra_router_open": True,
         "pdinfra_profile": "cpu",
         "pdinfra_block_size": 32,
         "pdinfra_dtype": "bfloat16",
@@ -38,6 +42,7 @@ CPU = {
 GROUPS = {"all": ["node1", "node2"], "pd_cluster": ["node1", "node2"], "router": ["node1"]}
 
 _GPU_COMMON = {
+    "pdinfra_router_open": True,
     "pdinfra_profile": "gpu",
     "pdinfra_hardware": "hgx-h100-8gpu",
     "pdinfra_model": {"name": "gpt-oss-120b", "source": "hf", "hf_id": "openai/gpt-oss-120b", "shape": "gpt-oss-120b"},
@@ -205,6 +210,30 @@ def test_api_key_from_a_private_file_is_a_secret_and_required(tmp_path):
     assert not resolved().cluster.api_key_required
 
 
+@pytest.mark.parametrize(("case", "values"), [
+    ("declared open", {"pdinfra_router_open": True}),
+    ("a key", {"pdinfra_api_key": "k3y-0123456789abcdef"}),
+    ("clients from one network", {"pdinfra_client_networks": ["198.18.0.0/15"]}),
+    ("clients from three quarters of all addresses", {"pdinfra_client_networks": ["0.0.0.0/1", "128.0.0.0/2"]}),
+])  # fmt: skip
+def test_a_keyless_router_open_to_everyone_is_refused_unless_keyed_narrowed_or_declared_open(case, values):
+    hv = copy.deepcopy(CPU)
+    _undeclared(**values)(hv)
+    res = resolved(hv)
+    assert res.ok, (case, res.problems)
+    assert res.cluster.api_key_required == ("pdinfra_api_key" in values)
+    # the same inventory without what made it acceptable is refused, naming the variables (the BAD table has more)
+    bare = copy.deepcopy(CPU)
+    _undeclared()(bare)
+    assert [p.variable for p in resolved(bare).problems] == ["pdinfra_api_key"]
+
+
+def test_a_key_problem_is_not_reported_twice_as_a_missing_key():
+    hv = copy.deepcopy(CPU)
+    _undeclared(pdinfra_api_key_file="/nonexistent/key")(hv)
+    assert [p.variable for p in resolved(hv).problems] == ["pdinfra_api_key_file"]
+
+
 def test_firewall_lets_peers_reach_pd_ports_and_clients_only_the_router():
     c = resolved().cluster
     n1, n2 = c.host("node1").firewall, c.host("node2").firewall
@@ -214,6 +243,7 @@ def test_firewall_lets_peers_reach_pd_ports_and_clients_only_the_router():
     assert n1.client_ports == (8000,)
     assert n2.peer_ports == ("5610", "8200", "9100", "20000-20999", "32768-60999") and n2.client_ports == ()
     assert n1.client_networks == ("0.0.0.0/0",) and n1.admin_networks == ()
+    assert n1.admit_controller and n2.admit_controller  # the controller's addresses: the role finds them at play time
     hv = copy.deepcopy(CPU)
     for h in hv.values():
         h["pdinfra_firewall"] = False
@@ -372,6 +402,20 @@ def _groups(fn):
     return f
 
 
+def _undeclared(**values):
+    """The fixture's router no longer declared open (pdinfra_router_open), with these values on every host."""
+
+    def f(hv):
+        for h in hv.values():
+            h.pop("pdinfra_router_open", None)
+            h.update(values)
+
+    return f
+
+
+KEYLESS = "pdinfra_api_key: the router (node1) would serve anyone: it has no API key (pdinfra_api_key and pdinfra_api_key_file are empty) and "  # fmt: skip
+
+
 BAD: list[tuple[str, Any, Any, str]] = [
     # cluster-wide values
     ("misspelt profile", CPU, _set_all("pdinfra_profile", "gpuu"), "pdinfra_profile: must be one of cpu, gpu, not 'gpuu' (did you mean gpu?)"),
@@ -404,6 +448,12 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("kv store flag differs", CPU, lambda hv: [hv["node1"].update(pdinfra_kv_store=False), hv["node2"].update(pdinfra_kv_store=True)], "pdinfra_kv_store: differs between hosts"),
     ("service user root", CPU, _set_all("pdinfra_service_user", "root"), "pdinfra_service_user: 'root' must be an unprivileged system user name"),
     ("client network not a network", CPU, _set_all("pdinfra_client_networks", ["198.18.0.1/15"]), "pdinfra_client_networks[0]: '198.18.0.1/15' is not an IPv4 network such as 198.18.0.0/15 (198.18.0.1/15 has host bits set)"),
+    ("keyless router open to everyone", CPU, _undeclared(), KEYLESS + "pdinfra_client_networks (0.0.0.0/0) admits every address. Give it a key (pdinfra_api_key_file, or pdinfra_api_key from ansible-vault), narrow pdinfra_client_networks, or declare it open on purpose with pdinfra_router_open: true"),
+    ("keyless router open to two halves of everyone", CPU, _undeclared(pdinfra_client_networks=["0.0.0.0/1", "128.0.0.0/1"]), KEYLESS + "pdinfra_client_networks (0.0.0.0/1, 128.0.0.0/1) admits every address"),
+    ("keyless router without a firewall", CPU, _undeclared(pdinfra_client_networks=["198.18.0.0/15"], pdinfra_firewall=False), KEYLESS + "pdinfra_firewall is false (no firewall keeps anyone out)"),
+    ("keyless GPU router open to everyone", GPU, _undeclared(), "pdinfra_api_key: the router (gpu1) would serve anyone"),
+    ("router declared open with a word", CPU, _set_all("pdinfra_router_open", "maybe"), "pdinfra_router_open: must be true or false, not 'maybe'"),
+    ("router declared open on one host only", CPU, lambda hv: hv["node2"].pop("pdinfra_router_open"), "pdinfra_router_open: is set to True on node1 only (node2 would run with False); it is cluster-wide"),
     ("admin network not IPv4", CPU, _set_all("pdinfra_admin_networks", ["2001:db8::/32"]), "pdinfra_admin_networks[0]: '2001:db8::/32' is not an IPv4 network"),
     ("client networks empty", CPU, _set_all("pdinfra_client_networks", []), "pdinfra_client_networks: must be a non-empty list of networks (CIDR), not []"),
     ("kv port range reversed", CPU, _set_all("pdinfra_kv_port_range", "30000-20000"), "pdinfra_kv_port_range: '30000-20000' must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535"),
@@ -520,7 +570,7 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("hf_id given as a URL", GPU, _model("hf_id", "https://huggingface.co/openai/gpt-oss-120b"), "pdinfra_model.hf_id: must be a Hugging Face id such as openai/gpt-oss-120b (not a URL), not 'https://huggingface.co/openai/gpt-oss-120b'"),
     ("relative model path", CPU, _model("path", "models/tiny"), "pdinfra_model.path: must be an absolute path on the node, not 'models/tiny'"),
     ("relative instance model path", CPU, _inst("node1", "model", "tiny"), "host node1: pdinfra_instances[0].model: must be an absolute path on the node, not 'tiny'"),
-    ("relative ucx_module_dir", GPU, _host("gpu1", "ucx_module_dir", "lib/ucx"), "host gpu1: ucx_module_dir: must be an absolute path (UCX_MODULE_DIR) or empty, not 'lib/ucx'"),
+    ("relative ucx_module_dir", GPU, _host("gpu1", "ucx_module_dir", "lib/ucx"), "host gpu1: ucx_module_dir: must be an absolute path (UCX_MODULE_DIR), venv or empty, not 'lib/ucx'"),
     ("fabricmanager yes", GPU, _set_all("nvidia_driver_fabricmanager", "yes"), "host gpu1: nvidia_driver_fabricmanager: must be auto, true or false, not 'yes'"),
     # addresses and routes
     ("address is the network address", CPU, _host("node2", "pdinfra_address", "198.18.0.0/24"), "host node2: pdinfra_address: 198.18.0.0/24 is the network address of 198.18.0.0/24: give the node's own address"),

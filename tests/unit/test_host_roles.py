@@ -38,6 +38,7 @@ RECORDED_FACTS = {
     "distribution_version": "24.04",
     "architecture": "x86_64",
     "kernel": "6.8.0-45-generic",
+    "python": {"version": {"major": 3, "minor": 12}},  # Ubuntu 24.04's python3
 }
 RECORDED_GID_INDEXES = {f"mlx5_{i}": 3 for i in range(8)}
 
@@ -79,11 +80,12 @@ def _host_vars(host: str) -> dict:
     variables.update(_yaml(INVENTORY / "group_vars" / "hgx.yml"))
     variables.update(_yaml(INVENTORY / "host_vars" / f"{host}.yml"))
     variables["ansible_facts"] = RECORDED_FACTS
+    variables["ucx_venv"] = "/opt/pdinfra/venv"  # pdinfra_cluster.venv
     # nvidia_driver: values tasks/setup-Debian.yml and vars/ derive.
     variables["__nvidia_driver_cuda_repo_url"] = f"{variables['nvidia_driver_cuda_repo_base_url']}/ubuntu2404/x86_64"
     variables["__nvidia_driver_cuda_key"] = "/etc/apt/keyrings/pdinfra-cuda.asc"
     # ucx: values tasks/main.yml derives (inventory topology, rail NICs present).
-    variables["rdma_roce_gid_indexes"] = RECORDED_GID_INDEXES
+    variables["__ucx_gid_indexes"] = RECORDED_GID_INDEXES
     variables["__ucx_kind"] = "gpu_rdma"
     variables["__ucx_gpus"] = variables["ucx_gpus"]
     variables["__ucx_nics"] = variables["ucx_nics"]
@@ -165,6 +167,38 @@ def test_golden_ucx_env_contents():
     assert host["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "y"
     for gpu in range(8):
         assert f"UCX_NET_DEVICES=mlx5_{gpu}:1\n" in files[f"etc/pdinfra/ucx-gpu{gpu}.env"]
+
+
+def test_ucx_module_dir_venv_follows_the_nodes_python():
+    """ucx_module_dir: venv (the HGX example) names the nixl-cu13 wheel's UCX in the venv under the node's Python:
+    3.12 on Ubuntu 24.04, 3.10 on 22.04 (a hard-coded python3.12 path was wrong on 22.04)."""
+    v = _host_vars("hgx-h100-01")
+    assert v["ucx_module_dir"] == "venv"
+    ucx = _env("ucx").get_template("ucx.env.j2")
+
+    def module_dir(minor: int, **over) -> str | None:
+        facts = {**RECORDED_FACTS, "python": {"version": {"major": 3, "minor": minor}}}
+        text = ucx.render(**{**v, **over, "ansible_facts": facts}, __ucx_gpu_entry={})
+        return next((line.split("=", 1)[1] for line in text.splitlines() if line.startswith("UCX_MODULE_DIR=")), None)
+
+    assert module_dir(12) == "/opt/pdinfra/venv/lib/python3.12/site-packages/nixl_cu13.libs/ucx"
+    assert module_dir(10) == "/opt/pdinfra/venv/lib/python3.10/site-packages/nixl_cu13.libs/ucx"
+    assert module_dir(10, ucx_module_dir="/opt/ucx/lib/ucx") == "/opt/ucx/lib/ucx"
+    assert module_dir(10, ucx_module_dir="") is None
+
+
+def test_ucx_reads_gid_indexes_like_rdma_roce():
+    assert affinity.ucx_ipv4_gid("198.18.1.11/24") == rnet.rdma_roce_ipv4_gid("198.18.1.11/24")
+    results = [{"item": {"rdma_dev": "mlx5_0"}, "stdout": "3"}, {"item": {"rdma_dev": "mlx5_1"}, "stdout": "none"},
+               {"item": {"rdma_dev": "mlx5_2"}, "stdout": "missing"}, {"item": {"rdma_dev": "mlx5_3"}, "skipped": True}]
+    assert affinity.ucx_found_gids(results) == {"mlx5_0": 3}
+    assert affinity.ucx_found_gids([]) == {}
+    # a rail without its GID: no UCX_IB_GID_INDEX at all (UCX picks), never the other rails' index
+    v = _host_vars("hgx-h100-01")
+    ucx = _env("ucx").get_template("ucx.env.j2")
+    assert "UCX_IB_GID_INDEX=3\n" in ucx.render(**v, __ucx_gpu_entry={})
+    partial = {**v, "__ucx_gid_indexes": {f"mlx5_{i}": 3 for i in range(7)}}
+    assert "UCX_IB_GID_INDEX=" not in ucx.render(**partial, __ucx_gpu_entry={})
 
 
 def test_golden_qos_script_is_valid_bash():
@@ -405,3 +439,49 @@ def test_host_play_check_converge_idempotent(tmp_path):
     second = _play(tmp_path, book, "--skip-tags", "preflight", *args, env=cache)
     assert second.rc == 0, second.summary()
     assert second.recap["localhost"]["changed"] == 0 and second.changed_tasks() == [], second.changed_tasks()
+
+
+@pytestmark_ansible
+def test_the_ucx_tag_alone_writes_the_gid_index(tmp_path):
+    """`playbooks/host.yml --tags ucx` runs without the rdma_roce role, whose fact held the GID indexes: the ucx role
+    reads them itself (here from a fake /sys/class/infiniband tree) and still writes UCX_IB_GID_INDEX."""
+    sysfs = tmp_path / "infiniband"
+    for dev, gid in (("mlx5_0", "0000:0000:0000:0000:0000:ffff:c612:010b"),
+                     ("mlx5_1", "0000:0000:0000:0000:0000:ffff:c612:020b")):  # fmt: skip
+        port = sysfs / dev / "ports" / "1"
+        (port / "gids").mkdir(parents=True)
+        (port / "gid_attrs" / "types").mkdir(parents=True)
+        for n, value, kind in ((0, "fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"), (3, gid, "RoCE v2")):
+            (port / "gids" / str(n)).write_text(value + "\n")
+            (port / "gid_attrs" / "types" / str(n)).write_text(kind + "\n")
+    out = tmp_path / "etc-pdinfra"
+    rails = [{"netdev": "ens1np0", "rdma_dev": "mlx5_0", "address": "198.18.1.11/24", "table": 101},
+             {"netdev": "ens2np0", "rdma_dev": "mlx5_1", "address": "198.18.2.11/24", "table": 102}]  # fmt: skip
+    extra = {"pdinfra_gpu": False, "rdma_roce_nics": rails, "ucx_env_dir": str(out), "ucx_host_kind": "gpu_rdma",
+             "ucx_gpus": [{"index": 0, "pci": "0000:18:00.0", "numa_node": 0}],
+             "ucx_nics": [{"rdma_dev": "mlx5_0", "numa_node": 0}, {"rdma_dev": "mlx5_1", "numa_node": 0}],
+             "ucx_discover_topology": False, "__ucx_infiniband_dir": str(sysfs)}  # fmt: skip
+    res = _play(tmp_path, REPO / "playbooks" / "host.yml", "--tags", "ucx", "-e", json.dumps(extra))
+    assert res.rc == 0, res.summary()
+    assert "ucx : Read each rail's RoCE v2 GID index (the rdma_roce role did not run in this play)" in res.task_names()
+    assert "UCX_IB_GID_INDEX=3\n" in (out / "ucx.env").read_text()
+    # the GID of one rail gone (its address not up): no index rather than a wrong one
+    (sysfs / "mlx5_1" / "ports" / "1" / "gid_attrs" / "types" / "3").write_text("IB/RoCE v1\n")
+    res = _play(tmp_path, REPO / "playbooks" / "host.yml", "--tags", "ucx", "-e", json.dumps(extra))
+    assert res.rc == 0, res.summary()
+    assert "UCX_IB_GID_INDEX=" not in (out / "ucx.env").read_text()
+
+
+@pytestmark_ansible
+def test_preflight_checks_the_disk_where_the_model_goes(tmp_path):
+    """The disk check measures pdinfra_model.path's filesystem (the model's one place, from the cluster model), not a
+    path of its own: with more free space required than any disk has, preflight fails naming that path and the
+    variable. node1 of the local inventory, run on this machine (local connection, read-only tag)."""
+    extra = {"preflight_hardware_checks": "never", "preflight_disk_requirements": [],
+             "preflight_model_min_free_gib": 10**6, "ansible_python_interpreter": sys.executable}  # fmt: skip
+    res = _play(tmp_path, REPO / "playbooks" / "host.yml", "-i", str(REPO / "inventory" / "local" / "hosts.yml"),
+                "-l", "node1", "--tags", "preflight", "-e", json.dumps(extra))  # fmt: skip
+    assert res.rc != 0, res.summary()
+    msg = " ".join(f.msg for f in res.failures)
+    assert "disk /opt/pdinfra/models/pdinfra-tiny-llama" in msg, msg
+    assert "< 1000000 GiB (preflight_model_min_free_gib, for pdinfra_model.path)" in msg, msg

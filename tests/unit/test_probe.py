@@ -79,11 +79,11 @@ def stack():
     router, prefill, decode = Fake("router"), Fake("prefill"), Fake("decode")
     router.peer = decode
     hv = {
-        "node1": {"pdinfra_address": "198.18.0.11/24", "pdinfra_profile": "cpu",
+        "node1": {"pdinfra_address": "198.18.0.11/24", "pdinfra_profile": "cpu", "pdinfra_router_open": True,
                   "pdinfra_model": {"name": "m", "source": "node_path", "path": "/m"},
                   "pdinfra_instances": [{"name": "prefill0", "role": "prefill", "port": 8100,
                                          "side_channel_port": 5600}]},
-        "node2": {"pdinfra_address": "198.18.0.12/24", "pdinfra_profile": "cpu",
+        "node2": {"pdinfra_address": "198.18.0.12/24", "pdinfra_profile": "cpu", "pdinfra_router_open": True,
                   "pdinfra_model": {"name": "m", "source": "node_path", "path": "/m"},
                   "pdinfra_instances": [{"name": "decode0", "role": "decode", "port": 8200,
                                          "side_channel_port": 5610}]},

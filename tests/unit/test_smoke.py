@@ -45,9 +45,10 @@ def test_endpoints_come_from_the_resolved_cluster():
 
     hv = {
         "node1": {"pdinfra_address": "198.18.0.11/24", "pdinfra_router_port": 8000, "pdinfra_profile": "cpu",
+                  "pdinfra_router_open": True,
                   "pdinfra_model": {"name": "m", "source": "node_path", "path": "/m"},
                   "pdinfra_instances": [{"name": "p", "role": "prefill", "port": 8100, "side_channel_port": 5600}]},
-        "node2": {"pdinfra_address": "198.18.0.12/24", "pdinfra_profile": "cpu",
+        "node2": {"pdinfra_address": "198.18.0.12/24", "pdinfra_profile": "cpu", "pdinfra_router_open": True,
                   "pdinfra_model": {"name": "m", "source": "node_path", "path": "/m"},
                   "pdinfra_instances": [{"name": "d", "role": "decode", "port": 8200, "side_channel_port": 5600}]},
     }  # fmt: skip

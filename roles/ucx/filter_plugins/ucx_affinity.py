@@ -18,6 +18,7 @@ node), ``SYS`` (crosses the inter-socket link).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 try:  # pragma: no cover - exercised only inside Ansible
@@ -213,6 +214,24 @@ def ucx_env_lines(env: dict) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+def ucx_ipv4_gid(cidr) -> str:
+    """The RoCE v2 GID sysfs shows for a rail's IPv4 address (IPv4-mapped IPv6, sysfs spelling), as the rdma_roce role
+    reads it: ``198.18.1.11/24`` -> ``0000:0000:0000:0000:0000:ffff:c612:010b``."""
+    packed = ipaddress.IPv4Interface(str(cidr)).ip.packed
+    return ":".join(["0000"] * 5 + ["ffff", packed[:2].hex(), packed[2:].hex()])
+
+
+def ucx_found_gids(results: list) -> dict:
+    """``{rdma_dev: index}`` from the GID probe's loop results (each ``item.rdma_dev`` and ``stdout``): rails whose
+    probe printed no index (``missing``, ``none``, skipped) are left out, so the template writes no GID for them."""
+    out = {}
+    for res in results or []:
+        index = str(res.get("stdout", "")).strip()
+        if index.isdigit():
+            out[str(res["item"]["rdma_dev"])] = int(index)
+    return out
+
+
 class FilterModule:
     """Ansible entry point."""
 
@@ -224,4 +243,6 @@ class FilterModule:
             "ucx_net_devices": ucx_net_devices,
             "ucx_parse_topology": ucx_parse_topology,
             "ucx_env_lines": ucx_env_lines,
+            "ucx_ipv4_gid": ucx_ipv4_gid,
+            "ucx_found_gids": ucx_found_gids,
         }
