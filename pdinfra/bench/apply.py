@@ -84,10 +84,16 @@ def _inventory_copy(source: Path, dest: Path) -> Path:
 def plan(source: Path, advice: Advice) -> Plan:
     """The edits of the advice's change, checked by resolving the edited inventory in a scratch copy (raises
     ClusterError / InventoryError / EditError with the variable, host and file; nothing is written)."""
-    if advice.change is None:
-        raise ApplyError(f"the advice ({advice.verdict}) has no change that --apply can make: "
-                         + ("; ".join(advice.actions) or "nothing to change"))  # fmt: skip
     source = Path(source)
+    if advice.change is None:
+        actions = [a for a in advice.actions if not a.startswith("size the cluster")]
+        text = f"the advice ({advice.verdict}) has no change that --apply can make: " + (
+            "; ".join(actions) or "nothing to change")
+        if advice.verdict == "add-capacity":  # more instances: the planner sizes and places them
+            text += (f"; advise --apply does not add instances: `pdinfra plan -i {source} -p PROFILE.json "
+                     f"--from-prometheus {advice.prometheus or 'URL'} --apply` sizes the cluster for the load and "
+                     "adds them where the inventory has free GPUs or cores")
+        raise ApplyError(text)
     edits = edits_for(source, advice.change)
     return Plan(advice.change, edits, resolve_edited(source, edits))
 
