@@ -91,18 +91,30 @@ def _free_name(role: str, taken: set[str]) -> str:
     return f"{role}{k}"
 
 
+def _points(cluster: Cluster, role: str, attr: str) -> list[tuple[int, int]]:
+    """(k, value) of the role's instances named ``<role><k>``."""
+    return sorted({(int(m.group(1)), getattr(i, attr)) for i in cluster.instances
+                   if i.role == role and (m := re.fullmatch(rf"{role}(\d+)", i.name))})  # fmt: skip
+
+
+def _stride(pts: list[tuple[int, int]]) -> int | None:
+    """The stride of points on one line ``base + stride x k`` (None: fewer than two, or not on a line)."""
+    if len(pts) < 2:
+        return None
+    stride, rem = divmod(pts[-1][1] - pts[0][1], pts[-1][0] - pts[0][0])
+    ok = not rem and stride > 0 and all(v == pts[0][1] + stride * (k - pts[0][0]) for k, v in pts)
+    return stride if ok else None
+
+
 def _pattern(cluster: Cluster, role: str, attr: str, base: int) -> tuple[int, int]:
-    """(base, stride) with ``value = base + stride x k`` for the role's instances named ``<role><k>``."""
-    pts = sorted({(int(m.group(1)), getattr(i, attr)) for i in cluster.instances
-                  if i.role == role and (m := re.fullmatch(rf"{role}(\d+)", i.name))})  # fmt: skip
-    if len(pts) >= 2 and pts[-1][0] != pts[0][0]:
-        stride, rem = divmod(pts[-1][1] - pts[0][1], pts[-1][0] - pts[0][0])
-        if not rem and stride > 0 and all(v == pts[0][1] + stride * (k - pts[0][0]) for k, v in pts):
-            return pts[0][1] - stride * pts[0][0], stride
-    default = 1 if attr == "port" else SIDE_STRIDE
-    if pts:
-        return pts[0][1] - default * pts[0][0], default
-    return base, default
+    """(base, stride) with ``value = base + stride x k`` for the role's instances named ``<role><k>``; with one such
+    instance, the other role's stride (else 1 for ports, 10 for side channels); with none, ``base``."""
+    pts = _points(cluster, role, attr)
+    stride = _stride(pts)
+    if stride is None:
+        other = _stride(_points(cluster, "decode" if role == "prefill" else "prefill", attr))
+        stride = other or (1 if attr == "port" else SIDE_STRIDE)
+    return (pts[0][1] - stride * pts[0][0], stride) if pts else (base, stride)
 
 
 def _claimed(cluster: Cluster, host: Host, kept: list[Instance]) -> set[int]:

@@ -174,6 +174,14 @@ def test_pd_1p3d_adds_a_decode_instance_on_the_free_core_after_the_inventory_pat
                                                                                      "kv_consumer")  # fmt: skip
 
 
+def test_a_new_prefill_instance_follows_the_prefill_pattern_on_the_host_with_room(inv, prof):
+    ch = plan_apply.prepare(inv, load_cluster(inv), predict.Config("pd", 2, 2, prof, prof), CPU_HW)
+    # prefill0 is on 8100 / 5600 and the decode instances step by 1: prefill1 on 8101 / 5601, node2's free core
+    assert ch.placement.lines == ["node2: add prefill1 (prefill), core 0, port 8101, side channel 5601"]
+    p1 = next(i for i in ch.after.instances if i.name == "prefill1")
+    assert (p1.host, p1.kv_role, p1.cpu_affinity) == ("node2", "kv_producer", "0")
+
+
 def test_fewer_instances_empty_the_lightly_used_host_first(inv, prof):
     cluster = load_cluster(inv)
     ch = plan_apply.prepare(inv, cluster, predict.Config("pd", 1, 1, prof, prof), CPU_HW)
