@@ -21,8 +21,9 @@ vLLM series (listed in the output), so the evidence can be checked in Prometheus
 
 A verdict may carry a :class:`Change` that needs no new capacity (turn an instance of the role with headroom into
 one of the role that misses the SLO; switch an aggregated cluster to PD). ``pdinfra advise --apply`` writes it into
-the inventory (:mod:`pdinfra.bench.apply`). Adding instances needs hardware the inventory does not describe: that
-stays advice.
+the inventory (:mod:`pdinfra.bench.apply`). Adding instances is the planner's: ``add-capacity`` names
+``pdinfra plan --from-prometheus URL --apply``, which sizes the cluster for the load and adds instances where the
+inventory has free GPUs or cores (:mod:`pdinfra.bench.plan_apply`).
 """
 
 from __future__ import annotations
@@ -357,14 +358,15 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
             return advice("add-capacity", "aggregated: over the SLO on TTFT"
                           f"{' and ITL' if itl_bad else ''}: more load than these instances serve within it",
                           ["add instances, or lower the clients' concurrency (pdinfra bench finds the "
-                           "maximum)"])  # fmt: skip
+                           "maximum)", _size_it(prometheus)])  # fmt: skip
         return advice("within-slo", "aggregated: within the SLO at this load", [])
     p_q, d_q = p.get("queue_s") or 0.0, d.get("queue_s") or 0.0
     d_pressure = (d.get("kv_usage") or 0.0) >= KV_PRESSURE or (d.get("waiting") or 0.0) > 0.5
     if ttft_bad and itl_bad:
         return advice("add-capacity", f"PD {n_p}P:{n_d}D: over the SLO on both TTFT and ITL: the whole cluster is "
                       "short at this load", ["add a prefill and a decode instance, or lower the clients' "
-                      "concurrency (pdinfra bench finds the maximum within the SLO)"])  # fmt: skip
+                      "concurrency (pdinfra bench finds the maximum within the SLO)",
+                      _size_it(prometheus)])  # fmt: skip
     if ttft_bad:
         why = (f"prefill queues {_fmt(p_q)} against decode {_fmt(d_q)}" if p_q > d_q else
                "prefill does not queue more than decode: the TTFT may be the KV transfer's (see pdinfra validate "
@@ -384,6 +386,11 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
             change = retarget(cluster, "prefill", "decode")
         return advice("rebalance", f"PD {n_p}P:{n_d}D: ITL over the SLO, TTFT within it; {why}", acts, change)
     return advice("within-slo", f"PD {n_p}P:{n_d}D: within the SLO at this load", [])
+
+
+def _size_it(prometheus: str) -> str:
+    return (f"size the cluster for this load and deploy it: pdinfra plan -i INV -p PROFILE.json --from-prometheus "
+            f"{prometheus} --apply (docs/planning.md)")
 
 
 def unsettled(cluster: Cluster, signals: dict[str, RoleSignals], ttft: bool, itl: bool) -> list[tuple[str, list[str]]]:

@@ -84,11 +84,23 @@ def _inventory_copy(source: Path, dest: Path) -> Path:
 def plan(source: Path, advice: Advice) -> Plan:
     """The edits of the advice's change, checked by resolving the edited inventory in a scratch copy (raises
     ClusterError / InventoryError / EditError with the variable, host and file; nothing is written)."""
-    if advice.change is None:
-        raise ApplyError(f"the advice ({advice.verdict}) has no change that --apply can make: "
-                         + ("; ".join(advice.actions) or "nothing to change"))  # fmt: skip
     source = Path(source)
+    if advice.change is None:
+        actions = [a for a in advice.actions if not a.startswith("size the cluster")]
+        text = f"the advice ({advice.verdict}) has no change that --apply can make: " + (
+            "; ".join(actions) or "nothing to change")
+        if advice.verdict == "add-capacity":  # more instances: the planner sizes and places them
+            text += (f"; advise --apply does not add instances: `pdinfra plan -i {source} -p PROFILE.json "
+                     f"--from-prometheus {advice.prometheus or 'URL'} --apply` sizes the cluster for the load and "
+                     "adds them where the inventory has free GPUs or cores")
+        raise ApplyError(text)
     edits = edits_for(source, advice.change)
+    return Plan(advice.change, edits, resolve_edited(source, edits))
+
+
+def resolve_edited(source: Path, edits: list[edit.Edit]) -> Cluster:
+    """The cluster model of the inventory with the edits applied, resolved in a scratch copy (raises ClusterError /
+    InventoryError naming the variable, host and file; nothing is written to the inventory)."""
     inv_dir = source if source.is_dir() else source.parent
     with tempfile.TemporaryDirectory(prefix="pdinfra-apply-") as tmp:
         copy = _inventory_copy(source, Path(tmp))
@@ -96,8 +108,7 @@ def plan(source: Path, advice: Advice) -> Plan:
             target = Path(tmp) / e.path.relative_to(inv_dir)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(e.after, encoding="utf-8")
-        after = load_cluster(copy)
-    return Plan(advice.change, edits, after)
+        return load_cluster(copy)
 
 
 # Seconds ``advise --apply`` waits beyond one window before judging again: a few scrape intervals, so that the
@@ -112,7 +123,15 @@ def window_seconds(window: str) -> int:
     return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
-def deploy(source: Path, p: Plan, log_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
+class Edits(Protocol):
+    """What :func:`deploy` writes: the edits, and their diff relative to a directory."""
+
+    edits: list[edit.Edit]
+
+    def diff(self, root: Path | None = None) -> str: ...
+
+
+def deploy(source: Path, p: Edits, log_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
     """Write the inventory, run the serving and monitoring plays; the diff and the play's log are kept in
     log_dir. Returns the log. A failed play leaves the edited inventory in place (the fix is to re-run, or to
     revert with the saved diff: ``patch -R -p1 < change.diff`` in the inventory directory)."""

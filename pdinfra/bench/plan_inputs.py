@@ -14,7 +14,7 @@ from pdinfra.cluster.model import Cluster
 from pdinfra.cluster.price import Price
 
 
-def _cores(affinity: str) -> set[int]:
+def affinity_cores(affinity: str) -> set[int]:
     """systemd CPUAffinity ("0", "0-3", "0,2 4") -> the cores."""
     out: set[int] = set()
     for part in affinity.replace(",", " ").split():
@@ -39,7 +39,7 @@ def hardware(profiles: list[Profile], cluster: Cluster | None, units_per_host: i
                                 "pdinfra_expect.gpu_count): give --gpus-per-host")  # fmt: skip
             units_per_host = counts.pop()
         else:
-            used = [len(set().union(*(_cores(i.cpu_affinity) for i in h.instances))) for h in pd_hosts]
+            used = [len(set().union(*(affinity_cores(i.cpu_affinity) for i in h.instances))) for h in pd_hosts]
             units_per_host = max(used, default=0) or None
     if not units_per_host:
         unit = "--gpus-per-host" if device == "gpu" else "--cores-per-host"

@@ -1,11 +1,12 @@
 """``pdinfra plan``: the cheapest configuration predicted to meet the SLO at a load (registered by pdinfra.cli.main).
-The planning is :mod:`pdinfra.bench.planner` (inputs: :mod:`pdinfra.bench.plan_inputs`); this module parses the
-options and prints."""
+The planning is :mod:`pdinfra.bench.planner` (inputs: :mod:`pdinfra.bench.plan_inputs`); ``--apply`` and
+``--measure-only`` are :mod:`pdinfra.bench.plan_apply`; this module parses the options and prints."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,7 +17,10 @@ from rich.table import Table
 from pdinfra.cli.common import resolved_cluster
 
 if TYPE_CHECKING:
+    from pdinfra.bench import plan_apply, plan_check
+    from pdinfra.bench.plan import BenchPoint
     from pdinfra.bench.planner import Plan
+    from pdinfra.bench.predict import Prediction
 
 
 def _bad(message: str) -> typer.Exit:
@@ -62,6 +66,59 @@ def show(con: Console, p: Plan) -> None:
     con.print(table)
     for line in p.reasoning:
         con.print(f"  {line}", markup=False, highlight=False)
+
+
+class _PlanConsole:
+    """plan_apply.PlanConsole on a rich console."""
+
+    def __init__(self, con: Console) -> None:
+        self.con = con
+
+    def change(self, change: plan_apply.Change, inv_dir: Path) -> None:
+        self.con.print(f"[bold]--apply[/]: {change.summary}")
+        for line in change.placement.lines:
+            self.con.print(f"  {line}", markup=False, highlight=False)
+        if change.edits:
+            self.con.print(f"the inventory change ({inv_dir}):")
+            self.con.print(change.diff(inv_dir), markup=False, highlight=False)
+
+    def confirm(self) -> bool:
+        return typer.confirm("Write it and deploy?", default=False, err=True)
+
+    def progress(self, message: str) -> None:
+        self.con.print(f"  {message}", markup=False, highlight=False)
+
+    def measuring(self, point: BenchPoint, prediction: Prediction) -> None:
+        self.con.print(f"measuring {prediction.config.label}: vllm bench serve at {point.request_rate:g} req/s open "
+                       f"loop, {point.num_prompts} prompts of ISL {point.input_len} / OSL {point.output_len}",
+                       markup=False, highlight=False)  # fmt: skip
+
+
+def _val(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return "inf" if math.isinf(v) else f"{v:.3g}" if abs(v) < 10 else f"{v:.0f}"
+
+
+def show_comparison(con: Console, c: plan_check.Comparison) -> None:
+    table = Table(title=f"predicted vs measured: {c.config} at {c.rate:.3g} req/s, {c.completed} of {c.prompts} "
+                  "requests completed")  # fmt: skip
+    for col in ("", "predicted", "measured", "measured/predicted", f"within ±{c.to_dict()['tolerance'] * 100:g}%",
+                "SLO"):  # fmt: skip
+        table.add_column(col)
+    for r in c.rows:
+        within = {True: "yes", False: "no", None: "-"}[r.within]
+        bound = "" if r.bound is None else f"{'>=' if r.at_least else '<='} {_val(r.bound)}: "
+        slo = "-" if r.bound is None else bound + {True: "met", False: "missed", None: "unknown"}[r.meets]
+        table.add_row(r.what, _val(r.predicted), _val(r.measured), "-" if r.ratio is None else f"{r.ratio:.2f}",
+                      within, slo)  # fmt: skip
+    con.print(table)
+    verdict = {True: "met", False: "missed", None: "unknown (a bounded figure was not measured)"}[c.slo_met]
+    within = {True: "every prediction within the tolerance", False: "a prediction outside the tolerance",
+              None: "a prediction that could not be compared"}[c.all_within]  # fmt: skip
+    con.print(f"  SLO {verdict}; {within}", markup=False, highlight=False)
+    for note in c.notes:
+        con.print(f"  {note}", markup=False, highlight=False)
 
 
 def plan_cmd(
@@ -117,10 +174,38 @@ def plan_cmd(
         float | None, typer.Option(min=0, help="Live correction: its measured ITL P99.")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="The plan as JSON on stdout.")] = False,
+    apply: Annotated[
+        bool,
+        typer.Option(
+            "--apply",
+            help="Deploy the chosen configuration on -i's hosts (the inventory diff shown first), run site.yml "
+            "--tags serving,monitoring, measure it with vllm bench serve at the planned rate and compare.",
+        ),
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="With --apply: do not ask before writing the inventory.")] = False,
+    measure_only: Annotated[
+        bool,
+        typer.Option(
+            "--measure-only",
+            help="Measure the deployed configuration at the planned rate and compare it with its prediction; "
+            "nothing is edited.",
+        ),
+    ] = False,
+    measure_rate: Annotated[
+        float | None, typer.Option(min=0.001, help="The rate --apply and --measure-only measure at "
+                                   "(default: the planned rate, --rate x (1 + --headroom)).")
+    ] = None,  # fmt: skip
+    measure_prompts: Annotated[
+        int, typer.Option(min=1, help="The most prompts the measurement sends (it sends max(30, 60 x rate)).")
+    ] = 300,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Where --apply and --measure-only keep their records (default out/plan/<time>)."),
+    ] = None,
 ) -> None:
     """Choose the cheapest configuration (aggregated or PD xPyD, TP per role, hosts) predicted to meet the SLO at
     a load, from measured profiles; print the candidates, the reasoning, tokens per dollar and what to buy
-    (docs/planning.md)."""
+    (docs/planning.md). --apply deploys it and measures it; --measure-only measures what is deployed."""
     from pdinfra.bench import history, plan_inputs, planner, predict
     from pdinfra.bench import profile as prof
     from pdinfra.cli.bench import parse_slo
@@ -132,6 +217,12 @@ def plan_cmd(
         raise _bad(f"--layout {layout!r} must be agg or pd")
     if (measured_ttft_ms or measured_itl_p99_ms) and inventory is None:
         raise _bad("--measured-* corrects the profiles against the deployed configuration: give -i")
+    if apply and measure_only:
+        raise _bad("--apply already measures: give --apply or --measure-only, not both")
+    if (apply or measure_only) and inventory is None:
+        raise _bad(f"{'--apply' if apply else '--measure-only'} works on a deployed inventory: give -i")
+    if apply and not yes and not sys.stdin.isatty():
+        raise _bad("--apply asks before writing the inventory; without a terminal give --yes")
     try:
         horizon_s = history.seconds(horizon)
         lookback_s = history.seconds(lookback) if lookback else 2 * horizon_s
@@ -176,7 +267,37 @@ def plan_cmd(
         result = planner.plan(load, the_slo, profiles, hw, headroom, dep)
     except (planner.PlanError, history.HistoryError) as exc:
         raise _bad(str(exc)) from exc
-    if json_out:
-        typer.echo(json.dumps(result.to_dict() | extra, indent=2, default=str))
+    if not (apply or measure_only):
+        if json_out:
+            typer.echo(json.dumps(result.to_dict() | extra, indent=2, default=str))
+            return
+        show(con, result)
         return
     show(con, result)
+    outcome = _apply(con, inventory, cluster, result, apply, yes, out, measure_rate, measure_prompts)
+    if json_out:
+        typer.echo(json.dumps(result.to_dict() | extra | {"apply": outcome.to_dict()}, indent=2, default=str))
+
+
+def _apply(con: Console, inventory: Path, cluster, result: Plan, apply: bool, yes: bool, out: Path | None,
+           rate: float | None, prompts: int) -> plan_apply.Outcome:  # fmt: skip
+    from pdinfra.bench import plan_apply
+
+    console = _PlanConsole(con)
+    try:
+        if apply:
+            outcome = plan_apply.apply_plan(inventory, cluster, result, console, yes=yes, out=out, rate=rate,
+                                            prompts=prompts)  # fmt: skip
+        else:
+            outcome = plan_apply.measure_deployed(inventory, cluster, result, console, out=out, rate=rate,
+                                                  prompts=prompts)  # fmt: skip
+    except plan_apply.PlanApplyFailed as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if outcome.declined:
+        con.print("nothing written")
+        raise typer.Exit(1)
+    assert outcome.comparison is not None
+    show_comparison(con, outcome.comparison)
+    con.print(f"plan, diff, play log, measurement and comparison: {outcome.run_dir}", markup=False, highlight=False)
+    return outcome

@@ -11,6 +11,7 @@ column; the bytes are replaced there, so a round trip never reflows the file.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import shutil
 from dataclasses import dataclass
@@ -203,3 +204,164 @@ def write(edits: list[Edit]) -> None:
         if e.path.exists():
             shutil.copymode(e.path, tmp)  # a 0600 host_vars file stays 0600
         tmp.replace(e.path)
+
+
+# ----------------------------------------------------------------------------- a host's whole instance list
+@dataclass(frozen=True)
+class Item:
+    """One entry of a host's new ``pdinfra_instances``: the existing entry ``index`` kept (its text, comments
+    included, with the scalars in ``values`` replaced: name, role), or a new entry (``index`` None) written from
+    ``values`` after the keys of the entry ``like`` = (host, index) it copies (extra_args, dtype, ...); a value of
+    None drops that key from the copy."""
+
+    values: dict[str, Any]
+    index: int | None = None
+    like: tuple[str, int] | None = None
+
+
+_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./-]*")
+_YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "none", "~"}
+
+
+def _yaml_value(v: Any) -> str:
+    """A value as YAML flow text: plain where that reads back as the same string, else double-quoted."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(x) for x in v) + "]"
+    s = str(v)
+    return s if _PLAIN.fullmatch(s) and s.lower() not in _YAML_WORDS else json.dumps(s)
+
+
+def _render(values: dict[str, Any], dash_col: int, flow: bool) -> str:
+    pad = " " * dash_col
+    if flow:
+        return f"{pad}- {{{', '.join(f'{k}: {_yaml_value(v)}' for k, v in values.items())}}}\n"
+    lines = [f"{pad}{'- ' if i == 0 else '  '}{k}: {_yaml_value(v)}" for i, (k, v) in enumerate(values.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _is_comment_or_blank(line: str) -> bool:
+    return not line.strip() or line.lstrip().startswith("#")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _instances_place(source: Path, host: str) -> Place | None:
+    var = "pdinfra_instances"
+    places = definitions(source, var, host)
+    if places:
+        return _one(places, var, f"host {host}")
+    groups = definitions(source, var)
+    if groups:
+        raise EditError(f"{var} of host {host} comes from a group ({'; '.join(map(str, groups))}): a group-wide list "
+                        "cannot be changed for one host, make the change by hand")  # fmt: skip
+    return None
+
+
+def _raw_item(source: Path, like: tuple[str, int]) -> dict[str, Any]:
+    place = _instances_place(source, like[0])
+    seq = _node(_load(place.path), place.keys)["pdinfra_instances"] if place else None
+    if not isinstance(seq, list) or like[1] >= len(seq) or not isinstance(seq[like[1]], dict):
+        raise EditError(f"pdinfra_instances[{like[1]}] of host {like[0]} is not a mapping in {source}")
+    return dict(seq[like[1]])
+
+
+def _new_values(source: Path, item: Item) -> dict[str, Any]:
+    base = _raw_item(source, item.like) if item.like else {}
+    for k, v in base.items():
+        if "{{" in str(v):
+            raise EditError(f"pdinfra_instances[{item.like[1]}].{k} of host {item.like[0]} is a Jinja expression "
+                            f"({v}): a new instance cannot copy it, make the change by hand")  # fmt: skip
+    out = {k: item.values.get(k, v) for k, v in base.items()} | {k: v for k, v in item.values.items() if k not in base}
+    return {k: (list(v) if isinstance(v, CommentedSeq) else v) for k, v in out.items() if v is not None}
+
+
+def set_instances(source: Path, host: str, items: list[Item], what: str) -> Edit:
+    """``host``'s ``pdinfra_instances`` becomes ``items``, in that order (kept entries first, as they were). Only the
+    list's own lines change: a kept entry keeps its text and comments (with ``values`` replaced in place), a removed
+    one loses its lines, a new one is written in the style of the others (flow ``- {...}`` or block); everything
+    outside the list stays byte for byte. A host without a list gets one in ``host_vars/<host>.yml``."""
+    var = "pdinfra_instances"
+    place = _instances_place(source, host)
+    if place is None:
+        inv_dir = source if source.is_dir() else source.parent
+        files = _files(inv_dir / "host_vars", host)
+        path = files[0] if files else inv_dir / "host_vars" / f"{host}.yml"
+        text = path.read_text(encoding="utf-8") if path.exists() else "---\n"
+        if any(i.index is not None for i in items):
+            raise EditError(f"host {host} has no {var} to keep entries of")
+        body = "".join(_render(_new_values(source, i), 2, False) for i in items)
+        sep = "" if text.endswith("\n") or not text else "\n"
+        return Edit(path, text, text + sep + f"{var}:\n{body}" if items else text, what)
+    text = place.path.read_text(encoding="utf-8")
+    mapping = _node(_load(place.path), place.keys)
+    seq = mapping[var]
+    where = f"{place.path}: {var} of host {host}"
+    key_line, key_col = mapping.lc.key(var)
+    lines = text.splitlines(True)
+    if not isinstance(seq, CommentedSeq) or not seq:
+        if seq not in (None, "") and not isinstance(seq, CommentedSeq):
+            raise EditError(f"{where} is not a list: make the change by hand")
+        return _fill_empty(place.path, text, lines, key_line, key_col, [_new_values(source, i) for i in items],
+                           items, where, what)  # fmt: skip
+    if seq.fa.flow_style():
+        raise EditError(f"{where} is a flow list ([...]), not one '- ' entry per line: make the change by hand")
+    for i in items:
+        if i.index is not None and i.index >= len(seq):
+            raise EditError(f"{where}: no entry {i.index} to keep")
+    dash_col = seq.lc.col
+    flow = all(isinstance(x, CommentedMap) and x.fa.flow_style() for x in seq)
+    last = seq.lc.item(len(seq) - 1)[0]
+    end = last + 1
+    while end < len(lines) and (_is_comment_or_blank(lines[end]) or _indent(lines[end]) > dash_col):
+        end += 1
+    while end > last + 1 and _is_comment_or_blank(lines[end - 1]) and _indent(lines[end - 1]) <= dash_col:
+        end -= 1  # comments after the list at its level belong to what follows
+    # Each entry's lines start at the comment lines directly above its dash.
+    firsts = []
+    for idx in range(len(seq)):
+        first, floor = seq.lc.item(idx)[0], (key_line + 1 if idx == 0 else seq.lc.item(idx - 1)[0] + 1)
+        while first > floor and lines[first - 1].strip().startswith("#"):
+            first -= 1
+        firsts.append(first)
+    bounds = [*firsts[1:], end]
+    # the kept entries' scalars, replaced from the last position back so that earlier columns hold
+    repl = sorted(((seq[i.index].lc.value(k), i.index, k, v) for i in items if i.index is not None
+                   for k, v in i.values.items() if seq[i.index].get(k) != v), reverse=True)  # fmt: skip
+    edited = text
+    for _pos, idx, k, v in repl:
+        entry = seq[idx]
+        if k not in entry or "{{" in str(entry[k]) or isinstance(entry[k], (list, dict)):
+            raise EditError(f"{where}[{idx}].{k}: not a plain value in the file ({entry.get(k)!r}); make the change "
+                            "by hand")  # fmt: skip
+        edited = _replace_scalar(edited, entry, k, entry[k], _yaml_value(v), f"{where}[{idx}].{k}")
+    elines = edited.splitlines(True)
+    body = "".join("".join(elines[firsts[i.index]:bounds[i.index]]) if i.index is not None
+                   else _render(_new_values(source, i), dash_col, flow) for i in items)  # fmt: skip
+    if not items:
+        return _fill_empty(place.path, text, lines[:firsts[0]] + lines[end:], key_line, key_col, [], items, where,
+                           what)  # fmt: skip
+    return Edit(place.path, text, "".join(elines[:firsts[0]]) + body + "".join(elines[end:]), what)
+
+
+_EMPTY_KEY = re.compile(r"(\s*pdinfra_instances:)\s*(?:\[\s*\])?\s*(#.*)?\n?")
+
+
+def _fill_empty(path: Path, text: str, lines: list[str], key_line: int, key_col: int, values: list[dict[str, Any]],
+                items: list[Item], where: str, what: str) -> Edit:  # fmt: skip
+    """The key line ``pdinfra_instances: []`` (or ``pdinfra_instances:`` and nothing) with these entries, or
+    emptied when there are none."""
+    if any(i.index is not None for i in items):
+        raise EditError(f"{where}: the list is empty, there is no entry to keep")
+    m = _EMPTY_KEY.fullmatch(lines[key_line])
+    if m is None:
+        raise EditError(f"{where}: line {key_line + 1} is not `pdinfra_instances: []` alone: make the change by hand")
+    comment = f"  {m.group(2)}" if m.group(2) else ""
+    head = f"{m.group(1)}{'' if values else ' []'}{comment}\n"
+    body = "".join(_render(v, key_col + 2, False) for v in values)
+    return Edit(path, text, "".join(lines[:key_line]) + head + body + "".join(lines[key_line + 1:]), what)
