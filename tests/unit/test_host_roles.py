@@ -189,8 +189,12 @@ def test_ucx_module_dir_venv_follows_the_nodes_python():
 
 def test_ucx_reads_gid_indexes_like_rdma_roce():
     assert affinity.ucx_ipv4_gid("198.18.1.11/24") == rnet.rdma_roce_ipv4_gid("198.18.1.11/24")
-    results = [{"item": {"rdma_dev": "mlx5_0"}, "stdout": "3"}, {"item": {"rdma_dev": "mlx5_1"}, "stdout": "none"},
-               {"item": {"rdma_dev": "mlx5_2"}, "stdout": "missing"}, {"item": {"rdma_dev": "mlx5_3"}, "skipped": True}]
+    results = [
+        {"item": {"rdma_dev": "mlx5_0"}, "stdout": "3"},
+        {"item": {"rdma_dev": "mlx5_1"}, "stdout": "none"},
+        {"item": {"rdma_dev": "mlx5_2"}, "stdout": "missing"},
+        {"item": {"rdma_dev": "mlx5_3"}, "skipped": True},
+    ]
     assert affinity.ucx_found_gids(results) == {"mlx5_0": 3}
     assert affinity.ucx_found_gids([]) == {}
     # a rail without its GID: no UCX_IB_GID_INDEX at all (UCX picks), never the other rails' index
