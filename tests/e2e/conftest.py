@@ -23,6 +23,8 @@ ORDER = (
     "test_local_cluster.py",
     "test_monitoring.py",
     "test_monitoring_advise.py",
+    "test_plan_loop.py",
+    "test_runbooks.py",
     "test_api_conformance.py",
     "test_reliability.py",
     "test_reuse_tier.py",

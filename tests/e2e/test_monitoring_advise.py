@@ -1,12 +1,11 @@
-"""`pdinfra advise --apply` closing the SLO loop on the local cluster (1 prefill + 2 decode instances).
+"""`pdinfra advise` judging the SLO on the local cluster (1 prefill + 2 decode instances).
 
 A copy of the local inventory sets a TTFT SLO the CPU cluster cannot meet under a prefill-heavy load (long prompts,
 4-token answers; ITL's bound left loose), so the verdict is known in advance: TTFT over the SLO, decode without
-pressure -> turn a decode instance into a prefill one. The real CLI then shows the inventory diff, writes the copy,
-runs site.yml --tags serving,monitoring (decode1's unit retired, prefill1 started on its port, router, probe and
-Prometheus targets following the model), waits one window of traffic and judges again. The client's own TTFT
-attainment before and after is printed beside advise's figures. Finally the repository's inventory is deployed
-again (prefill1 retired, decode1 back) so the modules after this one see the cluster they expect.
+pressure -> turn a decode instance into a prefill one. The real CLI judges one window of Prometheus's data and
+names the change; nothing is deployed from the copy. Applying a change end to end is test_plan_loop.py's (the
+same apply.deploy: inventory edit, site.yml --tags serving,monitoring, a measurement after); it replaced this
+module's own apply-and-restore on 2026-12-06 to keep the end-to-end run within its budget.
 
 Exercised for real: vLLM's CPU build, vllm-router, Prometheus 2.42 and the pd_monitoring rules, Ansible. Not
 exercised: whether the change helps on GPUs (on 2 CPU cores every instance shares the same cores: the figures
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, on, playbook, run
+from e2e_helpers import BIN, E2E_MARKS, INV, LOG_DIR, run
 
 from pdinfra.testhosts import nspawn
 
@@ -35,7 +34,7 @@ pytestmark = E2E_MARKS
 ROUTER = "http://198.18.0.11:8000"
 PROM = "http://198.18.0.11:9090"
 MODEL = "pdinfra-tiny-llama"
-TTFT_SLO_MS = 50  # tight for CPU: the PD client TTFT here is a prefill request plus a decode first step
+TTFT_SLO_MS = 1  # below any machine: a PD first token is two HTTP requests and a prefill (no speed assumed)
 WINDOW = "1m"
 CLIENTS = 2  # enough to miss the SLO; more only slows the serving play sharing the 2 cores
 REQUEST_TIMEOUT_S = 60
@@ -110,8 +109,8 @@ def targets_up() -> dict[str, float]:
 
 @pytest.fixture
 def tight_inventory(tmp_path, cluster) -> Path:
-    """The local inventory copied, with a TTFT SLO the CPU cluster misses; the repository's inventory is deployed
-    again afterwards, whatever the test did."""
+    """The local inventory copied, with a TTFT SLO the CPU cluster misses (only advise reads it: nothing is
+    deployed from it)."""
     dest = tmp_path / "inv"
     shutil.copytree(INV.parent, dest)
     gv = dest / "group_vars" / "all" / "main.yml"
@@ -119,52 +118,33 @@ def tight_inventory(tmp_path, cluster) -> Path:
     assert "  ttft_ms: 2000\n  itl_p99_ms: 50\n" in text
     tight = f"  ttft_ms: {TTFT_SLO_MS}\n  itl_p99_ms: 5000\n"
     gv.write_text(text.replace("  ttft_ms: 2000\n  itl_p99_ms: 50\n", tight))
-    yield dest / "hosts.yml"
-    res = playbook("--tags", "serving,monitoring", log="advise-apply-restore")
-    assert res.rc == 0, f"redeploying the repository's inventory failed: {res.summary(3000)}"
+    return dest / "hosts.yml"
 
 
-def test_advise_apply_turns_a_decode_instance_into_prefill_and_measures_again(cluster, tight_inventory):
-    node1 = next(h for h in cluster["hosts"] if h.name == "node1")
+def test_advise_judges_a_window_over_the_slo_and_proposes_the_change(cluster, tight_inventory):
+    """One window of a prefill-heavy load under a TTFT SLO the CPUs miss: advise's verdict is to turn a decode
+    instance into a prefill one, with the change named and its cost; the client's own TTFT over the same window is
+    printed beside it. Applying a change (inventory edit, site.yml --tags serving,monitoring, a measurement after)
+    is exercised end to end by test_plan_loop.py through the same apply.deploy; advise's own edit and workflow by
+    tests/unit/test_advise_apply*.py."""
     key = nspawn.api_key_file().read_text().strip()
-    logs = LOG_DIR / "advise-apply"
-    shutil.rmtree(logs, ignore_errors=True)
     with Load(key) as load:
         t_start = time.monotonic()
         time.sleep(75)  # one window of traffic (and a scrape) before judging
         t_advise = time.monotonic()
-        res = run([str(BIN / "pdinfra"), "advise", "-i", str(tight_inventory), "--window", WINDOW, "--apply", "--yes",
-                   "--log-dir", str(logs)], log="advise-apply", timeout=1700)  # fmt: skip
-        t_done = time.monotonic()
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-5000:]
-    before = json.loads((logs / "advice-before.json").read_text())
-    after = json.loads((logs / "advice-after.json").read_text())
-    deploy_log = (logs / "deploy.log").read_text()
-    # the advice and its change
-    assert before["verdict"] == "rebalance" and before["change"]["kind"] == "retarget", out[-3000:]
-    assert "decode1 on node1 becomes prefill instance prefill1: 1P:2D -> 2P:1D" in out
-    assert "-  - name: decode1" in out and "+  - name: prefill1" in out  # the diff, shown before writing
-    assert "prefill1" in (tight_inventory.parent / "host_vars" / "node1.yml").read_text()
-    # deployed: decode1 retired (no unit left), prefill1 serving on decode1's port, Prometheus scraping it
-    assert "Stop and disable those instances" in deploy_log
-    units = on(node1, "ls /etc/systemd/system/ | grep pdinfra-vllm-; systemctl is-active pdinfra-vllm-prefill1",
-               log="advise-apply-units").stdout  # fmt: skip
-    assert "pdinfra-vllm-decode1.service" not in units and "pdinfra-vllm-prefill1.service" in units, units
-    assert units.strip().endswith("active"), units
+        res = run([str(BIN / "pdinfra"), "advise", "-i", str(tight_inventory), "--window", WINDOW, "--json"],
+                  log="advise", timeout=600)  # fmt: skip
+    assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
+    advice = json.loads(res.stdout)
+    assert advice["verdict"] == "rebalance" and advice["change"]["kind"] == "retarget", json.dumps(advice)[:3000]
+    assert "1P:2D -> 2P:1D" in advice["change"]["summary"], advice["change"]
+    assert advice["shape"] == "PD 1P:2D" and advice["requests_per_s"] > 0, advice
+    assert any("tokens per USD" in e for e in advice["evidence"]), advice["evidence"]
     up = targets_up()
-    assert up.get("prefill1") == 1.0 and "decode1" not in up, up
-    # measured again over the same window length, on the new deployment
-    assert after["shape"] == "PD 2P:1D" and after["requests_per_s"] > 0, after
-    assert "before and after the change, each over 1m" in out
-    # the client's view of the same two windows
-    w = 60
-    client = {"before": load.between(t_advise - w, t_advise), "after": load.between(t_done - w, t_done)}
-    summary = {"slo_ttft_ms": TTFT_SLO_MS, "window": WINDOW, "client": client,
-               "advise_before": {k: before[k] for k in ("shape", "verdict", "ttft_s", "itl_p99_s", "requests_per_s")},
-               "advise_after": {k: after[k] for k in ("shape", "verdict", "ttft_s", "itl_p99_s", "requests_per_s")},
-               "apply_s": round(t_done - t_advise), "load_s": round(t_done - t_start),
-               "failed_during_change": load.between(t_advise, t_done - w)["failed"]}  # fmt: skip
-    (LOG_DIR / "advise-apply.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("\nadvise --apply:", json.dumps(summary, indent=2))
-    assert client["before"]["requests"] > 0 and client["after"]["requests"] > 0, client
+    assert set(up) >= {"prefill0", "decode0", "decode1"} and all(v == 1.0 for v in up.values()), up
+    client = load.between(t_advise - 60, t_advise)
+    summary = {"slo_ttft_ms": TTFT_SLO_MS, "window": WINDOW, "client": client, "load_s": round(t_advise - t_start),
+               "advise": {k: advice[k] for k in ("shape", "verdict", "ttft_s", "itl_p99_s", "requests_per_s")}}
+    (LOG_DIR / "advise.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("\nadvise:", json.dumps(summary, indent=2))
+    assert client["requests"] > 0, client

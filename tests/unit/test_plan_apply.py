@@ -24,6 +24,9 @@ from pdinfra.cluster.inventory import load_cluster
 from pdinfra.cluster.slo import SLO
 from pdinfra.playbook import Failure, PlaybookResult
 
+# Each inventory resolution runs Ansible's inventory loader (about 1.5 s): the slow unit tier.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "inventory" / "local"
 HGX = REPO / "inventory" / "examples" / "hgx-h100"
