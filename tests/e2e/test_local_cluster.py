@@ -84,12 +84,12 @@ def test_openai_sdk_through_the_router_on_aggregated(aggregated, case):
 
 
 def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
-    """The issue's CI sweep: ISL 256 / OSL 32, concurrency 1/2/4, real `vllm bench serve`, PD through the router
-    and agg on the first decode instance directly (no --redeploy: the layout switch through site.yml is
-    test_plan_loop.py's, which profiles this run). Recorded `--redeploy` runs: docs/benchmarking.md."""
+    """The issue's CI sweep: ISL 256 / OSL 32, concurrency 1/2/4, real `vllm bench serve`, on the same two
+    instances redeployed as aggregated servers behind the router (agg), then as prefill/decode (pd): the redeploy
+    also takes the cluster back to PD after the aggregated API cases. test_plan_loop.py profiles this run."""
     out, report = LOG_DIR / "bench" / "runs", LOG_DIR / "bench" / "report"
     shutil.rmtree(LOG_DIR / "bench", ignore_errors=True)
-    res = run([str(BIN / "pdinfra"), "bench", "run", "--plan", "small", "--out", str(out),
+    res = run([str(BIN / "pdinfra"), "bench", "run", "--plan", "small", "--redeploy", "--out", str(out),
                "--report", str(report)], log="70-bench", timeout=1800)  # fmt: skip
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
@@ -98,7 +98,7 @@ def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     analysis = json.loads((report / "analysis.json").read_text())
     points = {p.name: json.loads(p.read_text()) for p in (run_dir / "points").glob("*.json")}
     assert len(points) == 6
-    assert manifest["endpoints"]["layouts"]["pd"]["gpus"] == 3, manifest["endpoints"]
+    assert manifest["endpoints"]["layouts"]["agg"]["gpus"] == manifest["endpoints"]["layouts"]["pd"]["gpus"] == 3
     for name, rec in points.items():
         result = rec["result"]
         assert result["completed"] == result["num_prompts"] and result["failed"] == 0, name
