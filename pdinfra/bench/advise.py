@@ -28,14 +28,10 @@ inventory has free GPUs or cores (:mod:`pdinfra.bench.plan_apply`).
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import asdict, dataclass, field
 
-from pdinfra.bench import cost
+from pdinfra.bench import cost, history
 from pdinfra.cluster.model import Cluster
 from pdinfra.cluster.slo import SLO
 
@@ -145,15 +141,7 @@ class Advice:
 
 def _instant(prometheus: str, expr: str, timeout: float) -> list[dict]:
     """An instant query's result vector (the message names the URL and the expression when it fails)."""
-    url = f"{prometheus.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            body = json.loads(resp.read())
-    except (OSError, ValueError) as exc:
-        raise AdviseError(f"Prometheus at {prometheus} did not answer {expr!r}: {exc}") from exc
-    if body.get("status") != "success":
-        raise AdviseError(f"Prometheus at {prometheus} refused {expr!r}: {body.get('error')}")
-    return body["data"]["result"]
+    return history.api_result(prometheus, "query", {"query": expr}, timeout, AdviseError)
 
 
 def query(prometheus: str, expr: str, timeout: float = 10.0) -> dict[str, float | None]:

@@ -33,21 +33,29 @@ def seconds(duration: str) -> float:
     return int(m.group(1)) * SECONDS[m.group(2)]
 
 
-def range_query(prometheus: str, expr: str, start: float, end: float, step_s: float,
-                timeout: float = 30.0) -> list[tuple[float, float]]:  # fmt: skip
-    """``/api/v1/query_range`` -> [(unix time, value)] of the one series the expression returns (summed when it
-    returns several); NaN samples dropped."""
-    q = urllib.parse.urlencode({"query": expr, "start": f"{start:.0f}", "end": f"{end:.0f}", "step": f"{step_s:.0f}"})
-    url = f"{prometheus.rstrip('/')}/api/v1/query_range?{q}"
+def api_result(prometheus: str, endpoint: str, params: dict[str, str], timeout: float,
+               error: type[Exception] = HistoryError) -> list[dict]:  # fmt: skip
+    """``/api/v1/<endpoint>``'s result (advise's instant queries and the range queries here); ``error`` names the
+    URL and the expression when Prometheus does not answer or refuses."""
+    url = f"{prometheus.rstrip('/')}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
+    expr = params.get("query", "")
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             body = json.loads(resp.read())
     except (OSError, ValueError) as exc:
-        raise HistoryError(f"Prometheus at {prometheus} did not answer {expr!r}: {exc}") from exc
+        raise error(f"Prometheus at {prometheus} did not answer {expr!r}: {exc}") from exc
     if body.get("status") != "success":
-        raise HistoryError(f"Prometheus at {prometheus} refused {expr!r}: {body.get('error')}")
+        raise error(f"Prometheus at {prometheus} refused {expr!r}: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def range_query(prometheus: str, expr: str, start: float, end: float, step_s: float,
+                timeout: float = 30.0) -> list[tuple[float, float]]:  # fmt: skip
+    """``/api/v1/query_range`` -> [(unix time, value)] of the one series the expression returns (summed when it
+    returns several); NaN samples dropped."""
+    params = {"query": expr, "start": f"{start:.0f}", "end": f"{end:.0f}", "step": f"{step_s:.0f}"}
     summed: dict[float, float] = {}
-    for series in body["data"]["result"]:
+    for series in api_result(prometheus, "query_range", params, timeout, HistoryError):
         for t, v in series.get("values", []):
             x = float(v)
             if math.isfinite(x):

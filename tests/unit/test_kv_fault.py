@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import test_kv_trace
 
 from pdinfra.serving import kv_fault, kv_trace
 
@@ -41,12 +42,7 @@ class NixlPullConnectorWorker:
 
 
 def _fake_vllm(root: Path) -> None:
-    d = root
-    for part in ("vllm", "distributed", "kv_transfer", "kv_connector", "v1", "nixl"):
-        d = d / part
-        d.mkdir()
-        (d / "__init__.py").touch()
-    (d / "pull_worker.py").write_text(WORKER)
+    test_kv_trace._fake_vllm(root, WORKER)
 
 
 def _reads(root: Path, switch: Path | None, trace: Path | None = None) -> list:

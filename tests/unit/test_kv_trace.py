@@ -44,13 +44,14 @@ class NixlPullConnectorWorker:
 '''
 
 
-def _fake_vllm(root: Path) -> None:
+def _fake_vllm(root: Path, worker: str = FAKE_WORKER) -> None:
+    """A stand-in vllm package under ``root`` whose nixl pull_worker module holds ``worker``."""
     d = root
     for part in ("vllm", "distributed", "kv_transfer", "kv_connector", "v1", "nixl"):
         d = d / part
         d.mkdir()
         (d / "__init__.py").touch()
-    (d / "pull_worker.py").write_text(FAKE_WORKER)
+    (d / "pull_worker.py").write_text(worker)
 
 
 def _run(root: Path, env_trace: str | None) -> subprocess.CompletedProcess:
