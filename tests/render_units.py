@@ -67,10 +67,10 @@ PLAY = """
         dest: "{out}/{{{{ inventory_hostname }}}}-router.service"
         mode: "0644"
       when: pdinfra_node.router is not none
-    - name: The gateway's nginx configuration
+    - name: The gateway's configuration
       ansible.builtin.template:
-        src: "{repo}/roles/pd_router/templates/gateway.conf.j2"
-        dest: "{out}/{{{{ inventory_hostname }}}}-gateway.conf"
+        src: "{repo}/roles/pd_router/templates/gateway.json.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-gateway.json"
         mode: "0644"
       when: pdinfra_node.router is not none
 """

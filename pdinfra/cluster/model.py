@@ -90,10 +90,8 @@ class Router:
     prefill_bootstrap_ports: tuple[int, ...] = ()
     lmcache_notify_port: int = 0  # pdinfra_connector lmcache: where the proxy takes the prefills' notifications
     # Conditional disaggregation (pdinfra_pd_aggregate_below_bytes): a completion or chat request with a body under
-    # this many bytes is served by a decode instance alone; 0: every request through prefill. The gateway matches
-    # Content-Length against aggregate_body_regex (nginx compares no numbers: the decimal numbers below it).
+    # this many bytes is served by a decode instance alone (the gateway compares); 0: every request through prefill.
     aggregate_below_bytes: int = 0
-    aggregate_body_regex: str = ""
 
 
 @dataclass(frozen=True)
@@ -315,23 +313,6 @@ class Cluster:
         """A node's cluster.json: (cluster, the node's own host name)."""
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         return cls.from_dict(data), data.get("node")
-
-
-def numbers_below_regex(n: int) -> str:
-    """A regular expression matching exactly the decimal numbers 0 .. n-1 as written without leading zeros (how
-    HTTP writes Content-Length), for nginx's ``map``; "" for n <= 0 (nothing)."""
-    if n <= 0:
-        return ""
-    top = str(n - 1)
-    alts = ["[0-9]"] if len(top) > 1 else []
-    alts += [f"[1-9][0-9]{{{k - 1}}}" for k in range(2, len(top))]  # every shorter number of 2+ digits
-    for i, digit in enumerate(top):  # same length: equal up to i, then a smaller digit, then anything
-        low = 1 if i == 0 and len(top) > 1 else 0
-        if int(digit) > low:
-            rest = len(top) - i - 1
-            alts.append(top[:i] + f"[{low}-{int(digit) - 1}]" + (f"[0-9]{{{rest}}}" if rest else ""))
-    alts.append(top)
-    return "^(" + "|".join(alts) + ")$"
 
 
 def _monitoring(m: dict[str, Any] | None) -> Monitoring | None:

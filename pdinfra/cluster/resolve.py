@@ -33,7 +33,7 @@ from pdinfra.cluster.checker import (  # noqa: F401
     show,
     suggest,
 )
-from pdinfra.cluster.model import Cluster, Host, Instance, KVStore, Monitoring, Router, Secrets, numbers_below_regex
+from pdinfra.cluster.model import Cluster, Host, Instance, KVStore, Monitoring, Router, Secrets
 from pdinfra.cluster.resolve_hosts import (  # noqa: F401
     EXPECT_KEYS,
     _address,
@@ -398,7 +398,7 @@ def _routers_pass(inv: InventoryView, s: Settings, hosts: list[Host],
             decode=tuple(i.url for i in all_instances if i.role == "decode"), connector=s.connector,
             prefill_bootstrap_ports=tuple(i.side_channel_port for i in prefills) if s.mooncake_pd else (),
             lmcache_notify_port=s.notify_port if s.lmcache_pd else 0,
-            aggregate_below_bytes=int(below), aggregate_body_regex=numbers_below_regex(int(below)),
+            aggregate_below_bytes=int(below),
         ))  # fmt: skip
     routed = [Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)})
               for h in hosts]  # fmt: skip

@@ -161,6 +161,8 @@ def _monitoring(ck: Checker, hosts: list[Host], routers: list[Router], cluster_v
     targets = {
         "vllm": tuple(i.url.removeprefix("http://") for h in pd for i in h.instances),
         "router": tuple(f"{r.address}:{r.metrics_port}" for r in routers),
+        # the API gateway's /metrics (migrations, broken streams, readiness) on the client port, open as vLLM's
+        "gateway": tuple(f"{r.address}:{r.port}" for r in routers),
         "node": tuple(f"{h.address}:{node_port}" for h in pd),
     }
     if dcgm:

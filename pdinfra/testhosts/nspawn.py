@@ -35,7 +35,7 @@ MIRROR = os.environ.get("PDINFRA_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # What a node needs before Ansible can manage it and vLLM's CPU build can run in it.
 BASE_PACKAGES = (
     "systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,python3-packaging,libnuma1,openssh-server,"
-    "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less,nftables,nginx-light,prometheus,"
+    "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less,nftables,prometheus,"
     "prometheus-node-exporter,"
     # Mooncake's wheels (the KV reuse tier, pdinfra_kv_store) link libibverbs even without RDMA hardware.
     "libibverbs1,"
@@ -195,8 +195,6 @@ def _prepare_base(root: Path) -> None:
     for unit in ("getty@tty1.service", "console-getty.service"):
         _quiet(["systemctl", f"--root={root}", "mask", unit])
     _quiet(["systemctl", f"--root={root}", "enable", "ssh.service"])
-    # The distribution's nginx (port 80, as root) is not used: pdinfra runs its own API gateway unit.
-    _quiet(["systemctl", f"--root={root}", "disable", "nginx.service"])
     # Prometheus and the node exporter start only once the pd_monitoring role has configured them (by default they
     # would listen on every address); the exporter's apt/smartmon helper timers are not wanted in a test node.
     _quiet(["systemctl", f"--root={root}", "disable", "prometheus.service", "prometheus-node-exporter.service"])

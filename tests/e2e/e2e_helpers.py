@@ -268,6 +268,76 @@ class Load:
         self.after_release = end - self.after_release if end >= self.after_release >= 0 else None
 
 
+@dataclass
+class Stream:
+    """One streamed greedy completion through the router, read in a thread as a client reads server-sent events:
+    the text, the token IDs (when asked), whether ``[DONE]`` came and the error events."""
+
+    key: str
+    prompt: str
+    max_tokens: int
+    token_ids: bool = False
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    chunks: int = 0
+    done: bool = False
+    finish: str = ""
+    errors: list[str] = field(default_factory=list)
+    failure: str = ""  # the HTTP status or exception that ended it before any event
+    response_ids: set[str] = field(default_factory=set)
+    _thread: threading.Thread | None = None
+
+    def _read(self) -> None:
+        import http.client
+
+        body = {"model": MODEL, "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True, **({"return_token_ids": True} if self.token_ids else {})}
+        conn = http.client.HTTPConnection("198.18.0.11", 8000, timeout=REQUEST_TIMEOUT_S)
+        try:
+            conn.request("POST", "/v1/completions", json.dumps(body),
+                         {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                self.failure = f"HTTP {resp.status}: {resp.read()[:200]!r}"
+                return
+            for raw in resp:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    self.done = True
+                    continue
+                obj = json.loads(data)
+                if "error" in obj:
+                    self.errors.append(str(obj["error"]))
+                    continue
+                self.response_ids.add(obj.get("id", ""))
+                for c in obj.get("choices") or ():
+                    self.text += c.get("text") or ""
+                    self.ids += c.get("token_ids") or []
+                    self.finish = c.get("finish_reason") or self.finish
+                    self.chunks += 1
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+
+    def start(self) -> Stream:
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        return self
+
+    def join(self) -> Stream:
+        assert self._thread is not None
+        self._thread.join(timeout=REQUEST_TIMEOUT_S + 5)
+        return self
+
+    def complete(self) -> bool:
+        """Ended as a whole answer: every token, a finish_reason, [DONE] and no error event."""
+        return self.done and not self.errors and not self.failure and self.finish == "length"
+
+
 def wait_until(pred, timeout: float, step: float = 0.25) -> float | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

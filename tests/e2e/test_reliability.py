@@ -14,6 +14,8 @@ import json
 import re
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ from e2e_helpers import (
     ROUTER,
     ROUTER_METRICS,
     Load,
+    Stream,
     alert_firing,
     api_key,
     complete,
@@ -368,16 +371,64 @@ def test_misplaced_kv_blocks_fail_the_answer_checks(cluster, refs):
     assert json.loads(res.stdout)["ok"], res.stdout[-3000:]
 
 
+# ----------------------------------------------------------------------------- streams across a fault
+STREAMS = 6
+STREAM_TOKENS = 1000  # about 10 s of 6 streams on the tiny model: every stream is in flight at the kill
+STREAM_PROMPTS = [PROMPTS[i % len(PROMPTS)] + f" Variant {i}." for i in range(STREAMS)]
+
+
+def reference_streams() -> list[Stream]:
+    """The uninterrupted greedy streams (6 at once, as under the fault; half with token IDs)."""
+    refs = [Stream(api_key(), p, STREAM_TOKENS, token_ids=i % 2 == 0).start() for i, p in enumerate(STREAM_PROMPTS)]
+    for st in refs:
+        assert st.join().complete(), (st.failure, st.errors, st.done, st.chunks)
+    return refs
+
+
+def start_streams() -> list[Stream]:
+    """Six streams started, each past its 20th token before this returns (all in flight)."""
+    streams = [Stream(api_key(), p, STREAM_TOKENS, token_ids=i % 2 == 0).start()
+               for i, p in enumerate(STREAM_PROMPTS)]  # fmt: skip
+    assert wait_until(lambda: all(st.chunks >= 20 for st in streams), 30), [st.chunks for st in streams]
+    return streams
+
+
+def require_streams_completed(streams: list[Stream], refs: list[Stream]) -> None:
+    """Every stream ended whole ([DONE], every token, no error event), one response id each, and with the same
+    greedy tokens as the uninterrupted run."""
+    pairs = enumerate(zip(streams, refs, strict=True))
+    bad = [f"stream {i}: done={st.done} finish={st.finish!r} errors={st.errors} failure={st.failure!r} "
+           f"{len(st.text)} of {len(ref.text)} characters" for i, (st, ref) in pairs
+           if not st.complete() or len(st.response_ids) != 1 or st.text != ref.text or st.ids != ref.ids]
+    assert not bad, "\n".join(bad)
+
+
+def public_health() -> int:
+    """The status of the router's public /health (what a load balancer checks)."""
+    try:
+        with urllib.request.urlopen(ROUTER + "/health", timeout=3) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
 def test_kill_one_decode_instance_under_load(cluster, refs):
     """SIGKILL decode0: the router routes around it within 10 s (health checks every 1 s, 2 failures), no wrong
     answer, no hung request; systemd restarts it and the router sends it traffic again."""
     ensure_all_healthy()
     n2, url = node(cluster, "node2"), INSTANCES["decode0"]
     restarts = int(on(n2, "systemctl show -p NRestarts --value pdinfra-vllm-decode0", log="b0-n").stdout or 0)
+    stream_refs = reference_streams()
     with Load(api_key(), refs) as load:
         time.sleep(5)
+        streams = start_streams()
         t_fault = time.monotonic()
         on(n2, "systemctl kill --kill-whom=main -s KILL pdinfra-vllm-decode0", log="b0-kill-decode0", check=True)
+        ready = [public_health() for _ in range(8) if not time.sleep(0.5)]
+        for st in streams:
+            st.join()
         t_dropped = wait_until(lambda: router_health(url) == 0.0, 30)
         # Prometheus's PdinfraInstanceDown (for: 15 s, scrapes every 5 s) fires while systemd restarts decode0.
         t_alert = wait_until(lambda: alert_firing("PdinfraInstanceDown", "decode0"), 90, step=1)
@@ -393,6 +444,8 @@ def test_kill_one_decode_instance_under_load(cluster, refs):
     print(f"PdinfraInstanceDown fired {rep.detail['alert_fired_s']} s after the kill, "
           f"cleared {rep.detail['alert_cleared_s']} s after it")  # fmt: skip
     require_right_answers(rep, cluster)
+    require_streams_completed(streams, stream_refs)
+    assert ready == [200] * len(ready), f"the public /health while decode0 was down: {ready}"
     # routed around, not waited out: the last failure came before a client's own timeout (the time to route
     # around is a figure of the record, out/e2e/reliability.md, not a test)
     assert rep.route_around_s is None or rep.route_around_s < REQUEST_TIMEOUT_S, rep
@@ -402,6 +455,40 @@ def test_kill_one_decode_instance_under_load(cluster, refs):
     after = int(on(n2, "systemctl show -p NRestarts --value pdinfra-vllm-decode0", log="b0-n2").stdout or 0)
     assert after == restarts + 1, "systemd did not restart the instance"
     assert rep.requests - rep.failed > 20, rep  # the other decode instance kept serving
+
+
+def gateway_counter(name: str) -> float:
+    """A counter of the API gateway's /metrics, summed over labels."""
+    return smoke.metric(smoke.parse_metrics(get(ROUTER + "/metrics")), name)
+
+
+def test_with_every_decode_gone_streams_end_with_an_error_event(cluster, refs):
+    """Both decode instances SIGKILLed under 6 streams and kept down: every stream ends with an error event and no
+    [DONE] (never a silent end); the public /health answers 503 while no decode instance is up and 200 again once
+    one is back."""
+    ensure_all_healthy()
+    n1, n2 = node(cluster, "node1"), node(cluster, "node2")
+    broken = gateway_counter("pdinfra_gateway_broken_streams_total")
+    streams = start_streams()
+    kill = "systemctl kill --kill-whom=main -s KILL pdinfra-vllm-{0}; systemctl stop pdinfra-vllm-{0}"
+    try:
+        on(n2, kill.format("decode0"), log="b0b-kill-decode0", check=True)
+        on(n1, kill.format("decode1"), log="b0b-kill-decode1", check=True)
+        for st in streams:
+            st.join()
+        t_unready = wait_until(lambda: public_health() == 503, 10)
+        statuses = [public_health() for _ in range(3) if not time.sleep(0.5)]
+    finally:
+        on(n2, "systemctl start pdinfra-vllm-decode0", log="b0b-start-decode0", check=True)
+        on(n1, "systemctl start pdinfra-vllm-decode1", log="b0b-start-decode1", check=True)
+    silent = [f"stream {i}: done={st.done} errors={st.errors} failure={st.failure!r} after {st.chunks} chunks"
+              for i, st in enumerate(streams) if st.done or len(st.errors) != 1 or st.failure]  # fmt: skip
+    assert not silent, "\n".join(silent)
+    print(f"\nevery decode killed: {len(streams)} streams ended with an error event, e.g. {streams[0].errors[0][:160]}")
+    assert gateway_counter("pdinfra_gateway_broken_streams_total") == broken + len(streams)
+    assert t_unready is not None and statuses == [503] * 3, statuses
+    assert wait_until(lambda: public_health() == 200, RECOVERY_S), "the public /health stays 503 with decodes back"
+    ensure_all_healthy()
 
 
 def test_kill_the_prefill_instance_during_transfers(cluster, refs):

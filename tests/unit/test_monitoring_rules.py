@@ -84,6 +84,7 @@ def test_every_target_comes_from_the_cluster_model(local):
                     "198.18.0.11:8201": {"pd_role": "decode", "pd_instance": "decode1"},
                     "198.18.0.12:8200": {"pd_role": "decode", "pd_instance": "decode0"}}  # fmt: skip
     assert jobs["router"][0]["targets"] == ["198.18.0.11:29000"]
+    assert jobs["gateway"][0]["targets"] == ["198.18.0.11:8000"]  # the API gateway's /metrics on the client port
     assert jobs["node"][0]["targets"] == ["198.18.0.11:9100", "198.18.0.12:9100"]
     assert "dcgm" not in jobs  # pdinfra_dcgm_exporter is off
     assert cfg["global"]["scrape_interval"] == "5s"
@@ -242,6 +243,45 @@ tests:
           - exp_labels: {severity: critical, job: node, instance: "198.18.0.11:9100", path: "prefill0->decode0"}
             exp_annotations:
               summary: "the deep-health probe fails on path prefill0->decode0 (a PD request that must move KV)"
+  # The gateway: a decode instance broke 2 streams that were replayed elsewhere, then 1 that could not be; later no
+  # path serves for over the instance-down time.
+  - interval: 15s
+    input_series:
+      - series: 'pdinfra_gateway_stream_migrations_total{job="gateway",instance="198.18.0.11:8000",outcome="resumed"}'
+        values: '0 0 2 2 2 2 2 2'
+      - series: >-
+          pdinfra_gateway_broken_streams_total{job="gateway",instance="198.18.0.11:8000",reason="no_decode_left"}
+        values: '0 0 0 0 1 1 1 1'
+      - series: 'pdinfra_gateway_ready{job="gateway",instance="198.18.0.11:8000"}'
+        values: '1 1 1 1 1 0 0 0'
+    alert_rule_test:
+      - eval_time: 15s
+        alertname: PdinfraStreamsMigrated
+        exp_alerts: []
+      - eval_time: 45s
+        alertname: PdinfraStreamsMigrated
+        exp_alerts:
+          - exp_labels: {severity: warning, instance: "198.18.0.11:8000"}
+            exp_annotations:
+              summary: "2 streams moved to another decode instance in 5m (a decode instance broke them)"
+      - eval_time: 45s
+        alertname: PdinfraStreamsBroken
+        exp_alerts: []
+      - eval_time: 75s
+        alertname: PdinfraStreamsBroken
+        exp_alerts:
+          - exp_labels: {severity: critical, instance: "198.18.0.11:8000"}
+            exp_annotations:
+              summary: "1 streams ended with an error in 5m: a decode instance broke them and none could continue them"
+      - eval_time: 75s
+        alertname: PdinfraServiceUnavailable
+        exp_alerts: []
+      - eval_time: 105s
+        alertname: PdinfraServiceUnavailable
+        exp_alerts:
+          - exp_labels: {severity: critical, job: gateway, instance: "198.18.0.11:8000"}
+            exp_annotations:
+              summary: "the API gateway at 198.18.0.11:8000 has no path that serves: /health answers 503"
   # Failed NIXL transfers on a decode instance.
   - interval: 15s
     input_series:

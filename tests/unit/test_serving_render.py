@@ -290,20 +290,23 @@ def test_lmcaches_loader_check_sees_a_bad_value(lmcache_python, tmp_path):
     assert res.returncode != 0 and "assert self.pd_buffer_size is not None" in res.stderr, res.stderr[-2000:]
 
 
-def test_conditional_disaggregation_routes_short_bodies_to_the_decodes(tmp_path_factory, rendered):
-    """pdinfra_pd_aggregate_below_bytes: the gateway maps completion and chat requests by Content-Length; off by
-    default (no map, every request through vllm-router). The regex is the model's (test_cluster_resolve)."""
-    import re
-
-    assert "pdinfra_aggregate" not in (rendered / "hgx-h100-01-gateway.conf").read_text()
+def test_conditional_disaggregation_reaches_the_gateway(tmp_path_factory, rendered):
+    """pdinfra_pd_aggregate_below_bytes: the gateway (pdinfra.serving.gateway) compares each completion or chat
+    body's length with it; off by default; in the agg layout nothing to split and every instance serves alone."""
+    assert json.loads((rendered / "hgx-h100-01-gateway.json").read_text())["aggregate_below_bytes"] == 0
     out = render(tmp_path_factory, INV, '{"pdinfra_pd_aggregate_below_bytes": 2048}')
-    conf = (out / "hgx-h100-01-gateway.conf").read_text()
-    (line,) = [x for x in conf.splitlines() if x.strip().startswith('"~^/v1/(chat/)?completions:')]
-    rx = re.compile(line.strip().split('"')[1][1:])  # nginx's key: $uri:$content_length:$http_x_pdinfra_route
-    assert rx.match("/v1/completions:2047:") and rx.match("/v1/chat/completions:150:")
-    assert not rx.match("/v1/completions:2048:") and not rx.match("/v1/models:10:")
-    assert not rx.match("/v1/completions::") and not rx.match("/v1/completions:100:pd")  # chunked; forced PD
-    assert "error_page 418 = @aggregated;" in conf and "location @aggregated {" in conf
-    assert conf.count("server 198.18.") >= 2  # the decode instances, shared with the degraded path
+    gw = json.loads((out / "hgx-h100-01-gateway.json").read_text())
+    assert gw["aggregate_below_bytes"] == 2048 and gw["layout"] == "pd"
+    assert len(gw["decode"]) >= 2 and all(u.startswith("http://") for u in gw["decode"] + gw["prefill"])
     agg = render(tmp_path_factory, INV, '{"pdinfra_pd_aggregate_below_bytes": 2048, "pdinfra_layout": "agg"}')
-    assert "pdinfra_aggregate" not in (agg / "hgx-h100-01-gateway.conf").read_text()  # agg: nothing to split
+    gw_agg = json.loads((agg / "hgx-h100-01-gateway.json").read_text())
+    assert gw_agg["aggregate_below_bytes"] == 0 and gw_agg["prefill"] == []
+    assert sorted(gw_agg["decode"]) == sorted(gw["decode"] + gw["prefill"])
+
+
+def test_the_gateway_configuration_is_what_the_gateway_reads(rendered):
+    """The rendered gateway.json loads as pdinfra.serving.gateway.Config (no key missing, no type wrong)."""
+    from pdinfra.serving.gateway import Config
+
+    cfg = Config.from_dict(json.loads((rendered / "hgx-h100-01-gateway.json").read_text()))
+    assert cfg.router == "http://127.0.0.1:18000" and cfg.migration_attempts == 2 and cfg.api_key

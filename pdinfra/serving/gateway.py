@@ -1,0 +1,669 @@
+"""pdinfra's API gateway: the client-facing port of the router, with stream migration.
+
+It stands where nginx stood (``pdinfra-gateway.service``, ``pdinfra_router_port``) and does what nginx did:
+
+- checks the client's API key (``Authorization: Bearer``; ``/health`` and ``/metrics`` are open, as on vLLM);
+- forwards to vllm-router (or the LMCache proxy) on loopback, streaming without buffering, every read bounded;
+- **degraded mode**: when the router cannot serve a request in PD (it answers 502/503/504, 500 with
+  ``degraded_on_500``, or is down), a decode instance serves it alone (it computes the prompt itself); the answer
+  carries ``X-Pdinfra-Degraded``;
+- **conditional disaggregation**: a completion or chat body shorter than ``aggregate_below_bytes`` goes to a decode
+  instance alone (``X-Pdinfra-Route: aggregated``), unless the request says ``X-Pdinfra-Route: pd``.
+
+And what no router pdinfra uses does:
+
+- **stream migration.** A streamed completion or chat request (n = 1, no tools, grammar or logprobs) is sent on
+  with ``return_token_ids``, so the gateway knows the prompt's token IDs and every token generated. When the stream
+  breaks before ``[DONE]`` (its decode instance died, the connection broke, an error event came), the gateway
+  replays the prompt plus the tokens generated so far, as token IDs, on a healthy decode instance
+  (``/v1/completions``, the remaining ``max_tokens``, the same sampling parameters) and goes on streaming: the
+  client sees one stream with the same ``id``, and with greedy sampling the same continuation. The text of tokens
+  the broken stream had not yet shown (vLLM holds text back for stop strings and split characters) comes first,
+  from the new instance's ``/detokenize``. At most ``migration_attempts`` replays. Where no decode instance is left,
+  or the request cannot be replayed, the client gets an error event and no ``[DONE]``: never a silent end.
+  Non-streamed requests whose answer broke off are sent again to a decode instance, bounded the same way.
+- **readiness** on ``/health``: 200 while the service can answer (a decode instance up, and the router up with a
+  prefill, or degraded mode on), degraded included; 503 only when no path serves. The per-instance view is on
+  ``/health/detail`` (API key). The gateway checks every instance's ``/health`` every ``health_interval_s``.
+- ``/metrics``: Prometheus text (requests by route, migrations, broken streams, readiness, instances up).
+
+Run: ``python -m pdinfra.serving.gateway --config /etc/pdinfra/gateway.json`` (written by the pd_router role).
+Tests: ``tests/unit/test_gateway.py`` (fakes that speak vLLM's streaming with token IDs), the e2e fault tests in
+``tests/e2e/test_reliability.py`` (a decode killed under 6 streams) on the local cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Request fields a replay on /v1/completions keeps: the sampling parameters both APIs share. Everything else (the
+# messages, chat template options, kv_transfer_params) is left out: the replay's prompt is token IDs.
+REPLAY_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+                 "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos",
+                 "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                 "logit_bias", "bad_words", "allowed_token_ids", "stream_options", "user", "priority",
+                 "cache_salt", "truncate_prompt_tokens", "length_penalty")  # fmt: skip
+# A request with one of these cannot be replayed from token IDs as the same request: its output depends on state
+# the replay would start afresh (a grammar, a tool parser) or its form differs between the two APIs (logprobs).
+UNREPLAYABLE = ("tools", "functions", "response_format", "structured_outputs", "guided_json", "guided_regex",
+                "guided_choice", "guided_grammar", "guided_decoding_backend", "logprobs", "top_logprobs",
+                "prompt_logprobs", "echo", "best_of", "suffix", "continue_final_message")  # fmt: skip
+HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
+               "proxy-authorization", "proxy-connection", "accept-encoding"}  # fmt: skip
+GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
+DEGRADED_HEADER = ("X-Pdinfra-Degraded", "served by a decode instance without PD")
+AGGREGATED_HEADER = ("X-Pdinfra-Route", "aggregated: a short request, served by a decode instance")
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str
+    port: int
+    router: str  # vllm-router's (or the LMCache proxy's) URL on loopback
+    decode: tuple[str, ...]  # the instances degraded mode, short requests and migrations go to
+    prefill: tuple[str, ...] = ()
+    layout: str = "pd"  # pd | agg (agg: every instance is in `decode`)
+    api_key: str = ""  # the clients' key, also sent to the instances
+    request_timeout_s: float = 300.0  # the longest wait for a read from an instance
+    degraded_fallback: bool = True
+    degraded_on_500: bool = True
+    degraded_fail_timeout_s: float = 2.0  # an instance that refused is left out this long
+    aggregate_below_bytes: int = 0
+    migration_attempts: int = 2
+    health_interval_s: float = 1.0
+    max_body_bytes: int = 64 * 1024 * 1024
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Config:
+        decode = tuple(d.get("decode") or ())
+        if not decode:
+            raise ValueError("decode: the gateway needs at least one decode instance")
+        if d.get("layout", "pd") not in ("pd", "agg"):
+            raise ValueError(f"layout: pd or agg, got {d.get('layout')!r}")
+        cfg = cls(host=str(d["host"]), port=int(d["port"]), router=str(d["router"]).rstrip("/"),
+                  decode=tuple(u.rstrip("/") for u in decode),
+                  prefill=tuple(u.rstrip("/") for u in d.get("prefill") or ()), layout=d.get("layout", "pd"),
+                  api_key=str(d.get("api_key", "")), request_timeout_s=float(d.get("request_timeout_s", 300)),
+                  degraded_fallback=bool(d.get("degraded_fallback", True)),
+                  degraded_on_500=bool(d.get("degraded_on_500", True)),
+                  degraded_fail_timeout_s=float(d.get("degraded_fail_timeout_s", 2)),
+                  aggregate_below_bytes=int(d.get("aggregate_below_bytes", 0)),
+                  migration_attempts=int(d.get("migration_attempts", 2)),
+                  health_interval_s=float(d.get("health_interval_s", 1.0)))  # fmt: skip
+        if cfg.migration_attempts < 0 or cfg.health_interval_s <= 0 or cfg.request_timeout_s <= 0:
+            raise ValueError("migration_attempts >= 0, health_interval_s > 0 and request_timeout_s > 0")
+        return cfg
+
+
+# ---------------------------------------------------------------------------------------------------- metrics
+@dataclass
+class Stats:
+    requests: dict[tuple[str, str], int] = field(default_factory=dict)  # (route, stream) -> count
+    migrations: dict[str, int] = field(default_factory=dict)  # outcome (resumed | failed) -> count
+    broken: dict[str, int] = field(default_factory=dict)  # reason -> streams ended with an error event
+    failed: dict[str, int] = field(default_factory=dict)  # reason -> requests the gateway answered 5xx itself
+    in_flight: int = 0
+
+    @staticmethod
+    def bump(d: dict, key: Any) -> None:
+        d[key] = d.get(key, 0) + 1
+
+    def text(self, ready: bool, up: dict[str, tuple[str, bool]]) -> str:
+        out = ["# HELP pdinfra_gateway_ready 1 while the service can answer (readiness: /health answers 200)",
+               "# TYPE pdinfra_gateway_ready gauge", f"pdinfra_gateway_ready {int(ready)}",
+               "# HELP pdinfra_gateway_instance_up The gateway's last /health check of each instance",
+               "# TYPE pdinfra_gateway_instance_up gauge"]  # fmt: skip
+        out += [f'pdinfra_gateway_instance_up{{role="{role}",url="{url}"}} {int(ok)}' for url, (role, ok) in up.items()]
+        out += ["# HELP pdinfra_gateway_requests_total Requests by the route that served them",
+                "# TYPE pdinfra_gateway_requests_total counter"]  # fmt: skip
+        out += [f'pdinfra_gateway_requests_total{{route="{r}",stream="{s}"}} {v}'
+                for (r, s), v in sorted(self.requests.items())]  # fmt: skip
+        out += ["# HELP pdinfra_gateway_stream_migrations_total Broken streams replayed on another decode instance",
+                "# TYPE pdinfra_gateway_stream_migrations_total counter"]  # fmt: skip
+        for k in ("resumed", "failed"):
+            out.append(f'pdinfra_gateway_stream_migrations_total{{outcome="{k}"}} {self.migrations.get(k, 0)}')
+        out += ["# HELP pdinfra_gateway_broken_streams_total Streams ended with an error event (no [DONE])",
+                "# TYPE pdinfra_gateway_broken_streams_total counter"]  # fmt: skip
+        for k in ("no_decode_left", "not_replayable", "attempts_exhausted"):
+            out.append(f'pdinfra_gateway_broken_streams_total{{reason="{k}"}} {self.broken.get(k, 0)}')
+        out += ["# HELP pdinfra_gateway_failed_requests_total Requests the gateway answered with an error itself",
+                "# TYPE pdinfra_gateway_failed_requests_total counter"]  # fmt: skip
+        for k in ("no_instance", "attempts_exhausted"):
+            out.append(f'pdinfra_gateway_failed_requests_total{{reason="{k}"}} {self.failed.get(k, 0)}')
+        out += ["# TYPE pdinfra_gateway_in_flight gauge", f"pdinfra_gateway_in_flight {self.in_flight}"]
+        return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------- health
+class Health:
+    """Every instance's and the router's last /health, refreshed every ``interval`` in the background."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.roles = {**{u: "prefill" for u in cfg.prefill}, **{u: "decode" for u in cfg.decode}}
+        self.up: dict[str, bool] = dict.fromkeys(self.roles, True)  # optimistic until the first check
+        self.router_status: int | None = None  # HTTP status of the router's /health; None: unreachable
+        self.checked_at = 0.0
+        self._left_out: dict[str, float] = {}  # url -> monotonic time until which it is skipped
+        self._rr = itertools.count()
+
+    async def check_once(self, session: Any) -> None:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=max(0.5, min(2.0, self.cfg.health_interval_s)))
+
+        async def status(url: str) -> int | None:
+            try:
+                async with session.get(url + "/health", timeout=timeout) as r:
+                    await r.read()
+                    return r.status
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                return None
+
+        urls = list(self.roles)
+        got = await asyncio.gather(status(self.cfg.router), *(status(u) for u in urls))
+        self.router_status = got[0]
+        for url, st in zip(urls, got[1:], strict=True):
+            self.up[url] = st == 200
+        self.checked_at = time.monotonic()
+
+    async def run(self, session: Any) -> None:
+        while True:
+            try:
+                await self.check_once(session)
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any one check
+                print(f"pdinfra gateway: health check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            await asyncio.sleep(self.cfg.health_interval_s)
+
+    def leave_out(self, url: str) -> None:
+        self.up[url] = False
+        self._left_out[url] = time.monotonic() + self.cfg.degraded_fail_timeout_s
+
+    def decodes(self) -> list[str]:
+        """Decode instances to try, healthy ones first (round robin), then those not left out whose check is old."""
+        now = time.monotonic()
+        live = [u for u in self.cfg.decode if self._left_out.get(u, 0) <= now]
+        healthy = [u for u in live if self.up.get(u)]
+        if healthy:
+            k = next(self._rr) % len(healthy)
+            return healthy[k:] + healthy[:k]
+        return live  # every check says down: try them anyway (the checks may be a second old)
+
+    def readiness(self) -> tuple[bool, str]:
+        decode_up = [u for u in self.cfg.decode if self.up.get(u)]
+        prefill_up = [u for u in self.cfg.prefill if self.up.get(u)]
+        down = [u for u, ok in self.up.items() if not ok]
+        if not decode_up:
+            return False, "no decode instance answers /health"
+        router_serves = self.router_status is not None and (self.cfg.layout == "agg" or bool(prefill_up))
+        if not router_serves and not self.cfg.degraded_fallback:
+            why = "the router is down" if self.router_status is None else "no prefill instance answers /health"
+            return False, why + " and degraded mode is off"
+        if down or not router_serves:
+            return True, "degraded: " + (", ".join(f"{u} down" for u in down) or "the router is down")
+        return True, "ready"
+
+
+# ---------------------------------------------------------------------------------------------------- streams
+def replayable(payload: dict, chat: bool) -> bool:
+    """Whether a streamed request can be replayed from token IDs as the same request."""
+    if payload.get("n") not in (None, 1) or any(payload.get(k) not in (None, False, 0) for k in UNREPLAYABLE):
+        return False
+    if chat:
+        return isinstance(payload.get("messages"), list)
+    prompt = payload.get("prompt")
+    return isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))
+
+
+@dataclass
+class Tracker:
+    """What one stream has shown the client: the prompt's token IDs, the tokens generated, their text."""
+
+    chat: bool
+    client_ids: bool  # the client asked return_token_ids itself: the IDs stay in its chunks
+    prompt_ids: list[int] | None = None
+    generated: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    finished: bool = False  # a finish_reason came
+    done: bool = False  # [DONE] came
+    error: str = ""  # an error event came instead
+    head: dict[str, Any] = field(default_factory=dict)  # id, created, model of the first chunk
+    sent: bool = False  # the client has had a chunk
+    base_prompt_tokens: int | None = None  # set on a replay: the usage counts the client's prompt only
+
+    def take(self, obj: dict) -> dict | None:
+        """Note one chunk of the stream; the chunk to send the client, or None (an error event: a break)."""
+        if "error" in obj and not obj.get("choices"):
+            err = obj["error"]
+            self.error = str(err.get("message", err) if isinstance(err, dict) else err)[:300]
+            return None
+        if not self.head:
+            self.head = {k: obj[k] for k in ("id", "created", "model") if k in obj}
+        if self.chat and obj.get("prompt_token_ids") is not None:
+            self.prompt_ids = list(obj["prompt_token_ids"])
+        if not self.client_ids:
+            obj.pop("prompt_token_ids", None)
+        for c in obj.get("choices") or ():
+            if c.get("prompt_token_ids") is not None:
+                self.prompt_ids = list(c["prompt_token_ids"])
+            self.generated += c.get("token_ids") or ()
+            piece = (c.get("delta") or {}).get("content") if self.chat else c.get("text")
+            if piece:
+                self.text.append(piece)
+            if c.get("finish_reason"):
+                self.finished = True
+            if not self.client_ids:
+                c.pop("token_ids", None)
+                c.pop("prompt_token_ids", None)
+        usage = obj.get("usage")
+        if usage and self.base_prompt_tokens is not None:
+            extra = usage.get("prompt_tokens", 0) - self.base_prompt_tokens
+            obj["usage"] = usage | {"prompt_tokens": self.base_prompt_tokens,
+                                    "completion_tokens": usage.get("completion_tokens", 0) + extra}  # fmt: skip
+        return obj
+
+    def as_client_chunk(self, obj: dict) -> dict:
+        """A replayed /v1/completions chunk in the shape of the client's stream (its id; a chat delta)."""
+        obj = {**obj, **self.head}
+        if not self.chat:
+            return obj
+        choices = []
+        for c in obj.get("choices") or ():
+            d = {"index": c.get("index", 0), "delta": {"content": c.get("text", "")}, "logprobs": None,
+                 "finish_reason": c.get("finish_reason")}  # fmt: skip
+            for k in ("stop_reason", "token_ids"):
+                if k in c:
+                    d[k] = c[k]
+            choices.append(d)
+        return {**obj, "object": "chat.completion.chunk", "choices": choices}
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def error_event(message: str, status: int = 503) -> bytes:
+    return sse({"error": {"message": message, "type": "ServiceUnavailableError", "code": status}})
+
+
+# ---------------------------------------------------------------------------------------------------- the gateway
+class Gateway:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.stats = Stats()
+        self.health = Health(cfg)
+        self._session: Any = None
+        self._runner: Any = None
+        self._task: asyncio.Task | None = None
+        self._key = f"Bearer {cfg.api_key}".encode() if cfg.api_key else b""
+
+    # ------------------------------------------------------------------ helpers
+    def _authorized(self, request: Any) -> bool:
+        if not self._key:
+            return True
+        return hmac.compare_digest(request.headers.get("Authorization", "").encode(), self._key)
+
+    def _fwd_headers(self, request: Any) -> dict[str, str]:
+        h = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        if self.cfg.api_key:
+            h["Authorization"] = f"Bearer {self.cfg.api_key}"
+        return h
+
+    def _instance_headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.cfg.api_key:
+            h["Authorization"] = f"Bearer {self.cfg.api_key}"
+        return h
+
+    def _timeout(self) -> Any:
+        import aiohttp
+
+        return aiohttp.ClientTimeout(total=None, connect=5, sock_read=self.cfg.request_timeout_s)
+
+    @staticmethod
+    def _error(status: int, message: str, kind: str = "ServiceUnavailableError") -> Any:
+        from aiohttp import web
+
+        return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+    def _fallback_status(self, status: int) -> bool:
+        return status in (502, 503, 504) or (status == 500 and self.cfg.degraded_on_500)
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> Any | None:
+        """A response, or None when the instance could not be reached."""
+        import aiohttp
+
+        try:
+            return await self._session.post(url, data=body, headers=headers, timeout=self._timeout())
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
+
+    async def _on_decode(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[Any | None, str]:
+        """The request on a decode instance: the first that answers other than 502/503 (as nginx's next upstream)."""
+        for url in self.health.decodes():
+            resp = await self._post(url + path, body, headers)
+            if resp is None or resp.status in (502, 503):
+                if resp is not None:
+                    resp.release()
+                self.health.leave_out(url)
+                continue
+            return resp, url
+        return None, ""
+
+    # ------------------------------------------------------------------ handlers
+    async def handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        path = request.path
+        if path == "/health" and request.method in ("GET", "HEAD"):
+            ready, why = self.health.readiness()
+            return web.json_response({"status": "ready" if ready else "unavailable", "detail": why},
+                                     status=200 if ready else 503)  # fmt: skip
+        if path == "/metrics" and request.method == "GET":
+            ready, _ = self.health.readiness()
+            up = {u: (self.health.roles[u], self.health.up.get(u, False)) for u in self.health.roles}
+            return web.Response(text=self.stats.text(ready, up), content_type="text/plain")
+        if not self._authorized(request):
+            return web.json_response({"error": "Unauthorized: send Authorization: Bearer <API key>"}, status=401)
+        if path == "/health/detail":
+            return self._detail()
+        body = await request.read()
+        self.stats.in_flight += 1
+        try:
+            if request.method == "POST" and path in GENERATE_PATHS:
+                return await self._generate(request, body)
+            return await self._forward(request, body)
+        finally:
+            self.stats.in_flight -= 1
+
+    def _detail(self) -> Any:
+        from aiohttp import web
+
+        ready, why = self.health.readiness()
+        age = round(time.monotonic() - self.health.checked_at, 1) if self.health.checked_at else None
+        return web.json_response({
+            "ready": ready, "detail": why, "checked_s_ago": age,
+            "router": {"url": self.cfg.router, "health_status": self.health.router_status},
+            "instances": [{"url": u, "role": r, "up": self.health.up.get(u, False)}
+                          for u, r in self.health.roles.items()],
+            "migrations": self.stats.migrations, "broken_streams": self.stats.broken})  # fmt: skip
+
+    async def _forward(self, request: Any, body: bytes) -> Any:
+        """Any other request (models, tokenize, ...): to the router, a decode instance if the router cannot."""
+        from aiohttp import web
+
+        headers = self._fwd_headers(request)
+        url = self.cfg.router + request.path_qs
+        try:
+            async with self._session.request(request.method, url, data=body or None, headers=headers,
+                                             timeout=self._timeout()) as r:  # fmt: skip
+                data = await r.read()
+                if not (self.cfg.degraded_fallback and self._fallback_status(r.status)):
+                    return web.Response(body=data, status=r.status, content_type=r.content_type)
+        except Exception:  # noqa: BLE001 - unreachable router: degraded mode below
+            if not self.cfg.degraded_fallback:
+                return self._error(502, f"the router at {self.cfg.router} could not be reached")
+        for dec in self.health.decodes():
+            try:
+                async with self._session.request(request.method, dec + request.path_qs, data=body or None,
+                                                 headers=headers, timeout=self._timeout()) as r:  # fmt: skip
+                    data = await r.read()
+                    return web.Response(body=data, status=r.status, content_type=r.content_type,
+                                        headers=dict([DEGRADED_HEADER]))  # fmt: skip
+            except Exception:  # noqa: BLE001
+                self.health.leave_out(dec)
+        self.stats.bump(self.stats.failed, "no_instance")
+        return self._error(503, "no instance could serve the request: the router and every decode instance failed")
+
+    async def _generate(self, request: Any, body: bytes) -> Any:
+        from aiohttp import web
+
+        chat = request.path == "/v1/chat/completions"
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            return await self._forward(request, body)
+        stream = payload.get("stream") is True
+        can_replay = stream and replayable(payload, chat)
+        up_body = body
+        if can_replay and not payload.get("return_token_ids"):
+            up_body = json.dumps(payload | {"return_token_ids": True}).encode()
+        headers = self._fwd_headers(request)
+        route, extra, resp = "pd", {}, None
+        short = self.cfg.layout == "pd" and 0 < len(body) < self.cfg.aggregate_below_bytes
+        if short and request.headers.get("X-Pdinfra-Route", "").lower() != "pd":
+            route, extra = "aggregated", dict([AGGREGATED_HEADER])
+            resp, _ = await self._on_decode(request.path, up_body, headers)
+        else:
+            resp = await self._post(self.cfg.router + request.path, up_body, headers)
+            if self.cfg.degraded_fallback and (resp is None or self._fallback_status(resp.status)):
+                if resp is not None:
+                    resp.release()
+                route, extra = "degraded", dict([DEGRADED_HEADER])
+                resp, _ = await self._on_decode(request.path, up_body, headers)
+        self.stats.bump(self.stats.requests, (route, str(stream).lower()))
+        if resp is None:
+            self.stats.bump(self.stats.failed, "no_instance")
+            return self._error(503, "no instance could serve the request: the router and every decode instance "
+                               "failed (see /health/detail)")  # fmt: skip
+        if resp.status != 200 or not stream:
+            return await self._whole(request, resp, up_body, headers, extra, retry=resp.status == 200)
+        out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                      "Cache-Control": "no-cache", **extra})  # fmt: skip
+        await out.prepare(request)
+        tracker = Tracker(chat=chat, client_ids=bool(payload.get("return_token_ids")))
+        await self._relay(resp, out, tracker, replay=False)
+        if not (tracker.done or tracker.finished):
+            if not can_replay:
+                await self._break(out, tracker, "not_replayable")
+            else:
+                await self._migrate(out, tracker, payload, chat)
+        elif not tracker.done:
+            await out.write(b"data: [DONE]\n\n")
+        return out
+
+    async def _whole(self, request: Any, resp: Any, body: bytes, headers: dict[str, str], extra: dict,
+                     retry: bool) -> Any:  # fmt: skip
+        """A whole (non-streamed or error) answer; one whose body broke off is sent again to a decode instance."""
+        import aiohttp
+        from aiohttp import web
+
+        for attempt in range(self.cfg.migration_attempts + 1):
+            try:
+                data = await resp.read()
+                return web.Response(body=data, status=resp.status, content_type=resp.content_type,
+                                    headers=extra)  # fmt: skip
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                resp.release()
+                if not retry or attempt == self.cfg.migration_attempts:
+                    break
+                extra = dict([DEGRADED_HEADER])
+                resp, _ = await self._on_decode(request.path, body, headers)
+                if resp is None:
+                    break
+        self.stats.bump(self.stats.failed, "attempts_exhausted")
+        return self._error(503, "the answer broke off and no decode instance could serve it again")
+
+    async def _relay(self, resp: Any, out: Any, tracker: Tracker, replay: bool) -> None:
+        """Copy one upstream stream to the client until [DONE], a break or an error event."""
+        import aiohttp
+
+        try:
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    tracker.done = True
+                    await out.write(b"data: [DONE]\n\n")
+                    return
+                try:
+                    obj = json.loads(data)
+                except ValueError:
+                    continue
+                if replay:
+                    obj = tracker.as_client_chunk(obj)
+                    for c in obj.get("choices") or ():
+                        c.pop("prompt_token_ids", None)
+                chunk = tracker.take(obj)
+                if chunk is None:
+                    return
+                await out.write(sse(chunk))
+                tracker.sent = True
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            tracker.error = f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            resp.release()
+
+    async def _break(self, out: Any, tracker: Tracker, reason: str) -> None:
+        self.stats.bump(self.stats.broken, reason)
+        why = {"not_replayable": "the request cannot be replayed (n > 1, tools, a grammar or logprobs)",
+               "no_decode_left": "no decode instance is left to continue it",
+               "attempts_exhausted": f"{self.cfg.migration_attempts} replays failed"}[reason]  # fmt: skip
+        detail = f" ({tracker.error})" if tracker.error else ""
+        await out.write(error_event(f"the stream broke off after {len(tracker.generated)} tokens{detail}: {why}"))
+
+    async def _migrate(self, out: Any, tracker: Tracker, payload: dict, chat: bool) -> None:
+        """Replay the prompt and the tokens so far on a healthy decode instance, until the stream completes."""
+        if tracker.prompt_ids is None and tracker.sent:  # chunks without the prompt's IDs: nothing to replay from
+            await self._break(out, tracker, "not_replayable")
+            return
+        max_tokens = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        for _ in range(self.cfg.migration_attempts):
+            if tracker.prompt_ids is None:
+                path, body, replay = ("/v1/chat/completions" if chat else "/v1/completions",
+                                      payload | {"return_token_ids": True}, False)  # fmt: skip
+            else:
+                body = {k: payload[k] for k in REPLAY_FIELDS if k in payload}
+                body |= {"prompt": tracker.prompt_ids + tracker.generated, "stream": True, "return_token_ids": True}
+                if max_tokens is not None:
+                    left = int(max_tokens) - len(tracker.generated)
+                    if left <= 0:  # every token came, only the end was lost
+                        await self._finish_lost(out, tracker)
+                        return
+                    body["max_tokens"] = left
+                if payload.get("min_tokens"):
+                    body["min_tokens"] = max(0, int(payload["min_tokens"]) - len(tracker.generated))
+                path, replay = "/v1/completions", True
+            resp, url = await self._on_decode(path, json.dumps(body).encode(), self._instance_headers())
+            if resp is None:
+                self.stats.bump(self.stats.migrations, "failed")
+                await self._break(out, tracker, "no_decode_left")
+                return
+            if resp.status != 200:
+                tracker.error = f"{url} answered HTTP {resp.status}: {(await resp.text())[:200]}"
+                resp.release()
+                self.health.leave_out(url)
+                self.stats.bump(self.stats.migrations, "failed")
+                continue
+            if replay:
+                tracker.base_prompt_tokens = len(tracker.prompt_ids or ())
+                await self._catch_up(url, out, tracker, payload)
+            tracker.error = ""
+            await self._relay(resp, out, tracker, replay=replay)
+            if tracker.done or tracker.finished:
+                self.stats.bump(self.stats.migrations, "resumed")
+                if not tracker.done:
+                    await out.write(b"data: [DONE]\n\n")
+                return
+            self.stats.bump(self.stats.migrations, "failed")
+            self.health.leave_out(url)
+        await self._break(out, tracker, "attempts_exhausted")
+
+    async def _catch_up(self, url: str, out: Any, tracker: Tracker, payload: dict) -> None:
+        """Send the text of generated tokens the broken stream had held back (stop strings, split characters)."""
+        if not tracker.generated:
+            return
+        try:
+            async with self._session.post(url + "/detokenize", headers=self._instance_headers(),
+                                          json={"model": payload.get("model"), "tokens": tracker.generated},
+                                          timeout=self._timeout()) as r:  # fmt: skip
+                full = (await r.json()).get("prompt", "") if r.status == 200 else ""
+        except Exception:  # noqa: BLE001 - the catch-up is best effort: the tokens themselves are right
+            return
+        shown = "".join(tracker.text)
+        if full.startswith(shown) and len(full) > len(shown):
+            piece = {"index": 0, "text": full[len(shown):], "finish_reason": None}
+            obj = tracker.as_client_chunk({"object": "text_completion", "choices": [piece]})
+            tracker.text.append(full[len(shown):])
+            await out.write(sse(obj))
+
+    async def _finish_lost(self, out: Any, tracker: Tracker) -> None:
+        piece = {"index": 0, "text": "", "finish_reason": "length"}
+        await out.write(sse(tracker.as_client_chunk({"object": "text_completion", "choices": [piece]})))
+        await out.write(b"data: [DONE]\n\n")
+        self.stats.bump(self.stats.migrations, "resumed")
+
+    # ------------------------------------------------------------------ life cycle
+    def app(self) -> Any:
+        from aiohttp import web
+
+        app = web.Application(client_max_size=self.cfg.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def start(self) -> None:
+        import aiohttp
+        from aiohttp import web
+
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+                                              auto_decompress=False)  # fmt: skip
+        await self.health.check_once(self._session)
+        self._task = asyncio.create_task(self.health.run(self._session))
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.cfg.host, self.cfg.port, backlog=4096).start()
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+        if self._runner:
+            await self._runner.cleanup()
+        if self._session:
+            await self._session.close()
+
+
+async def serve(cfg: Config) -> None:
+    gw = Gateway(cfg)
+    await gw.start()
+    print(f"pdinfra gateway on {cfg.host}:{cfg.port} -> {cfg.router} ({cfg.layout}); decode {', '.join(cfg.decode)};"
+          f" migration attempts {cfg.migration_attempts}", flush=True)  # fmt: skip
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await gw.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pdinfra.serving.gateway", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, type=Path, help="JSON written by pdinfra (gateway.json)")
+    args = ap.parse_args(argv)
+    try:
+        cfg = Config.from_dict(json.loads(args.config.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"pdinfra gateway: {args.config}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop  # vLLM's dependency on the nodes
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,458 @@
+"""pdinfra's API gateway (pdinfra.serving.gateway) against fake vLLM instances on loopback.
+
+The fakes speak vLLM 0.32's streaming protocol with ``return_token_ids`` (``prompt_token_ids`` on the first chunk,
+``token_ids`` on every chunk, ``finish_reason`` on the last token, a usage chunk, ``[DONE]``) and a toy greedy
+model whose next token depends on the whole sequence, so a replay that lost or misplaced a token gives another
+continuation. An instance "dies" after a set number of streamed tokens: it drops every connection, as a SIGKILLed
+vLLM does. What the fakes do not exercise: vLLM itself and vllm-router (tests/e2e/test_reliability.py kills real
+decode instances under real streams).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from dataclasses import dataclass
+
+import pytest
+
+pytest.importorskip("aiohttp")
+from aiohttp import ClientSession, web  # noqa: E402
+
+from pdinfra.serving import gateway as gw  # noqa: E402
+
+pytestmark = pytest.mark.unit
+KEY = "sk-test"
+
+
+def next_token(seq: list[int]) -> int:
+    return (sum(t * (k + 1) for k, t in enumerate(seq)) * 7 + len(seq)) % 997 + 1000
+
+
+def tokenize(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def word(t: int) -> str:
+    return f"w{t} "
+
+
+def reference(prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(next_token(seq))
+    return seq[len(prompt):]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Fake:
+    """One fake vLLM instance (also used as the router: it serves the same API)."""
+
+    name: str
+    die_after: int | None = None  # die after streaming this many tokens (counted over all its streams)
+    hold_back: bool = False  # show each token's text one chunk late, as vLLM does for stop strings
+    status: int = 200  # answer every generation request with this status (503: an unhealthy router)
+    break_whole: bool = False  # a non-streamed answer breaks off mid-body
+    dead: bool = False
+    streamed: int = 0
+    requests: int = 0
+    port: int = 0
+    runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/completions", self.generate)
+        app.router.add_post("/v1/chat/completions", self.generate)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_get("/v1/models", self.models)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    def _drop(self, request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response()
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        return self._drop(request) if self.dead else web.Response(text="")
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        if self.dead:
+            return self._drop(request)
+        return web.json_response({"object": "list", "data": [{"id": "m", "served_by": self.name}]})
+
+    async def detokenize(self, request: web.Request) -> web.StreamResponse:
+        if self.dead:
+            return self._drop(request)
+        body = await request.json()
+        return web.json_response({"prompt": "".join(word(t) for t in body["tokens"])})
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        if self.dead:
+            return self._drop(request)
+        assert request.headers.get("Authorization") == f"Bearer {KEY}", "the instances get the API key"
+        self.requests += 1
+        body = await request.json()
+        if self.status != 200:
+            return web.json_response({"error": {"message": f"{self.name} says {self.status}"}}, status=self.status)
+        assert "kv_transfer_params" not in body
+        chat = request.path.endswith("/chat/completions")
+        prompt = body["prompt"] if "prompt" in body else tokenize(json.dumps(body["messages"]))
+        if isinstance(prompt, str):
+            prompt = tokenize(prompt)
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        ids = body.get("return_token_ids")
+        out = reference(prompt, n)
+        if not body.get("stream"):
+            if self.break_whole:
+                resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+                resp.content_length = 1000
+                await resp.prepare(request)
+                await resp.write(b'{"id": "x", "choi')
+                self._drop(request)
+                return resp
+            text = "".join(word(t) for t in out)
+            choice = {"index": 0, "finish_reason": "length"}
+            choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+            return web.json_response({"id": f"{self.name}-1", "object": "x", "model": "m", "served_by": self.name,
+                                      "choices": [choice], "usage": {"prompt_tokens": len(prompt),
+                                                                     "completion_tokens": n}})  # fmt: skip
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        head = {"id": f"{self.name}-{self.requests}", "created": 7, "model": "m"}
+
+        async def send(obj: dict) -> None:
+            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+        if chat:
+            first = {**head, "object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+            if ids:
+                first["prompt_token_ids"] = prompt
+            await send(first)
+        pending = ""
+        for k, t in enumerate(out):
+            if self.die_after is not None and self.streamed >= self.die_after:
+                self.dead = True
+                self._drop(request)
+                return resp
+            self.streamed += 1
+            last = k == len(out) - 1
+            text, pending = (pending, word(t)) if self.hold_back else (word(t), "")
+            if last:
+                text += pending
+            fr = "length" if last else None
+            if chat:
+                c = {"index": 0, "delta": {"content": text}, "finish_reason": fr}
+            else:
+                c = {"index": 0, "text": text, "finish_reason": fr, "stop_reason": None}
+                if ids and k == 0:
+                    c["prompt_token_ids"] = prompt
+            if ids:
+                c["token_ids"] = [t]
+            await send({**head, "object": "chat.completion.chunk" if chat else "text_completion", "choices": [c]})
+            await asyncio.sleep(0)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await send({**head, "choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
+                                                         "total_tokens": len(prompt) + n}})  # fmt: skip
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+@dataclass
+class Stack:
+    gateway: gw.Gateway
+    router: Fake
+    decodes: list[Fake]
+    prefill: Fake
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway.cfg.port}"
+
+
+def run(coro_fn, **kw):
+    """Start a router, a prefill and two decodes (kw: their settings), the gateway before them; run the test."""
+
+    async def main():
+        router = Fake("router", **kw.pop("router", {}))
+        prefill = Fake("prefill0")
+        decodes = [Fake(f"decode{i}", **kw.pop(f"decode{i}", {})) for i in range(2)]
+        for f in (router, prefill, *decodes):
+            await f.start()
+        cfg = gw.Config.from_dict({"host": "127.0.0.1", "port": free_port(), "router": router.url,
+                                   "prefill": [prefill.url], "decode": [d.url for d in decodes], "api_key": KEY,
+                                   "health_interval_s": 0.2, **kw.pop("cfg", {})})  # fmt: skip
+        g = gw.Gateway(cfg)
+        await g.start()
+        try:
+            return await coro_fn(Stack(g, router, decodes, prefill))
+        finally:
+            await g.stop()
+            for f in (router, prefill, *decodes):
+                assert f.runner is not None
+                await f.runner.cleanup()
+
+    return asyncio.run(main())
+
+
+async def stream(url: str, path: str, body: dict) -> tuple[list[dict], bool, list[dict]]:
+    """(chunks, [DONE] seen, error events) of one streamed request."""
+    chunks, errors, done = [], [], False
+    async with ClientSession() as s, s.post(url + path, json=body | {"stream": True},
+                                            headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+        assert r.status == 200, await r.text()
+        async for raw in r.content:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                continue
+            obj = json.loads(data)
+            (errors if "error" in obj else chunks).append(obj)
+    return chunks, done, errors
+
+
+def text_of(chunks: list[dict], chat: bool = False) -> str:
+    return "".join((c["delta"].get("content") or "") if chat else c["text"] for ch in chunks for c in ch["choices"])
+
+
+PROMPT = "The quick brown fox"
+N = 12
+
+
+def expected_text(prompt_ids: list[int], n: int = N) -> str:
+    return "".join(word(t) for t in reference(prompt_ids, n))
+
+
+def test_a_stream_whose_decode_dies_continues_on_another_with_the_same_tokens():
+    async def t(st: Stack):
+        chunks, done, errors = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT,
+                                                                       "max_tokens": N, "temperature": 0})
+        assert done and not errors
+        assert text_of(chunks) == expected_text(tokenize(PROMPT))
+        assert {c["id"] for c in chunks} == {"router-1"}, "one stream, one id"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert all("token_ids" not in c and "prompt_token_ids" not in c for ch in chunks for c in ch["choices"]), \
+            "token IDs the client did not ask for are not shown"
+        assert st.gateway.stats.migrations == {"resumed": 1}
+        assert sum(d.requests for d in st.decodes) == 1
+
+    run(t, router={"die_after": 5})
+
+
+def test_a_chat_stream_continues_as_chat_chunks_and_usage_counts_the_clients_prompt():
+    messages = [{"role": "user", "content": "hello there"}]
+    prompt = tokenize(json.dumps(messages))
+
+    async def t(st: Stack):
+        chunks, done, errors = await stream(st.url, "/v1/chat/completions", {
+            "model": "m", "messages": messages, "max_completion_tokens": N,
+            "stream_options": {"include_usage": True}})  # fmt: skip
+        assert done and not errors
+        body = [c for c in chunks if c["choices"]]
+        assert {c["object"] for c in body} == {"chat.completion.chunk"}
+        assert text_of(body, chat=True) == expected_text(prompt)
+        usage = [c["usage"] for c in chunks if c.get("usage")]
+        assert usage == [{"prompt_tokens": len(prompt), "completion_tokens": N, "total_tokens": len(prompt) + N}]
+
+    run(t, router={"die_after": 4})
+
+
+def test_text_held_back_by_the_broken_stream_is_sent_before_the_continuation():
+    async def t(st: Stack):
+        chunks, done, _ = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N})
+        assert done and text_of(chunks) == expected_text(tokenize(PROMPT))
+
+    run(t, router={"die_after": 6, "hold_back": True})
+
+
+def test_a_replay_that_breaks_again_moves_on_and_the_ids_the_client_asked_for_stay():
+    async def t(st: Stack):
+        chunks, done, errors = await stream(st.url, "/v1/completions", {
+            "model": "m", "prompt": PROMPT, "max_tokens": N, "return_token_ids": True})  # fmt: skip
+        assert done and not errors
+        ids = [t for ch in chunks for c in ch["choices"] for t in c.get("token_ids", [])]
+        assert ids == reference(tokenize(PROMPT), N)
+        assert st.gateway.stats.migrations["resumed"] == 1
+        assert st.gateway.stats.migrations.get("failed", 0) == int(st.decodes[0].dead)
+
+    run(t, router={"die_after": 3}, decode0={"die_after": 3})
+
+
+def test_with_every_decode_gone_the_stream_ends_with_an_error_event_never_silently():
+    async def t(st: Stack):
+        for d in st.decodes:
+            d.dead = True
+        await asyncio.sleep(0.5)
+        chunks, done, errors = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT,
+                                                                       "max_tokens": N})  # fmt: skip
+        assert not done and len(errors) == 1
+        assert "no decode instance is left" in errors[0]["error"]["message"]
+        assert text_of(chunks) == expected_text(tokenize(PROMPT), 5)
+        assert st.gateway.stats.broken == {"no_decode_left": 1}
+
+    run(t, router={"die_after": 5})
+
+
+def test_migration_attempts_are_bounded():
+    async def t(st: Stack):
+        _, done, errors = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N})
+        assert not done and "1 replays failed" in errors[0]["error"]["message"]
+        assert sum(d.requests for d in st.decodes) == 1
+
+    run(t, router={"die_after": 2}, decode0={"die_after": 0}, decode1={"die_after": 0},
+        cfg={"migration_attempts": 1})  # fmt: skip
+
+
+@pytest.mark.parametrize("extra", [{"n": 2}, {"logprobs": 2}, {"response_format": {"type": "json_object"}}])
+def test_a_request_that_cannot_be_replayed_ends_with_an_error_event(extra):
+    async def t(st: Stack):
+        _, done, errors = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N,
+                                                                  **extra})  # fmt: skip
+        assert not done and "cannot be replayed" in errors[0]["error"]["message"]
+        assert st.gateway.stats.broken == {"not_replayable": 1}
+
+    run(t, router={"die_after": 3})
+
+
+def test_a_non_streamed_answer_that_breaks_off_is_served_again_by_a_decode():
+    async def t(st: Stack):
+        async with ClientSession() as s, s.post(st.url + "/v1/completions", json={"model": "m", "prompt": PROMPT},
+                                                headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+            body = await r.json()
+            assert r.status == 200 and body["served_by"].startswith("decode")
+            assert r.headers["X-Pdinfra-Degraded"]
+            assert body["choices"][0]["text"] == expected_text(tokenize(PROMPT), 16)
+
+    run(t, router={"break_whole": True})
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_degraded_mode_serves_what_the_router_cannot(status):
+    async def t(st: Stack):
+        async with ClientSession() as s, s.post(st.url + "/v1/completions", json={"model": "m", "prompt": PROMPT},
+                                                headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+            assert r.status == 200 and (await r.json())["served_by"].startswith("decode")
+            assert r.headers["X-Pdinfra-Degraded"] == "served by a decode instance without PD"
+        chunks, done, _ = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 3})
+        assert done and chunks[0]["id"].startswith("decode")
+
+    run(t, router={"status": status})
+
+
+def test_without_degraded_mode_the_routers_error_reaches_the_client():
+    async def t(st: Stack):
+        async with ClientSession() as s, s.post(st.url + "/v1/completions", json={"model": "m", "prompt": PROMPT},
+                                                headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+            assert r.status == 503
+
+    run(t, router={"status": 503}, cfg={"degraded_fallback": False})
+
+
+def test_a_short_request_goes_to_a_decode_unless_it_asks_for_pd():
+    async def t(st: Stack):
+        async with ClientSession() as s:
+            for hdr, via in (({}, "decode"), ({"X-Pdinfra-Route": "pd"}, "router")):
+                async with s.post(st.url + "/v1/completions", json={"model": "m", "prompt": "hi"},
+                                  headers={"Authorization": f"Bearer {KEY}", **hdr}) as r:  # fmt: skip
+                    assert (await r.json())["served_by"].startswith(via)
+                    assert ("X-Pdinfra-Route" in r.headers) == (via == "decode")
+
+    run(t, cfg={"aggregate_below_bytes": 1000})
+
+
+def test_the_key_is_checked_but_health_and_metrics_are_open():
+    async def t(st: Stack):
+        async with ClientSession() as s:
+            for path, hdr, status in (("/v1/models", {}, 401), ("/v1/models", {"Authorization": "Bearer nope"}, 401),
+                                      ("/health/detail", {}, 401), ("/health", {}, 200), ("/metrics", {}, 200),
+                                      ("/v1/models", {"Authorization": f"Bearer {KEY}"}, 200)):  # fmt: skip
+                async with s.get(st.url + path, headers=hdr) as r:
+                    assert r.status == status, path
+            async with s.get(st.url + "/metrics") as r:
+                text = await r.text()
+            assert "pdinfra_gateway_ready 1" in text
+            assert 'pdinfra_gateway_stream_migrations_total{outcome="resumed"} 0' in text
+
+    run(t)
+
+
+def test_health_stays_ready_while_one_decode_is_down_and_fails_when_none_is_left():
+    async def t(st: Stack):
+        async def health() -> tuple[int, dict]:
+            async with ClientSession() as s, s.get(st.url + "/health") as r:
+                return r.status, await r.json()
+
+        st.decodes[0].dead = True
+        await asyncio.sleep(0.6)
+        status, body = await health()
+        assert status == 200 and body["detail"].startswith("degraded") and "decode" not in body["status"]
+        async with ClientSession() as s, s.get(st.url + "/health/detail",
+                                               headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+            detail = await r.json()
+        assert [i["up"] for i in detail["instances"]] == [True, False, True]
+        st.decodes[1].dead = True
+        await asyncio.sleep(0.6)
+        status, body = await health()
+        assert status == 503 and body["detail"] == "no decode instance answers /health"
+
+    run(t)
+
+
+def test_health_without_degraded_mode_needs_the_router_and_a_prefill():
+    async def t(st: Stack):
+        st.prefill.dead = True
+        await asyncio.sleep(0.6)
+        async with ClientSession() as s, s.get(st.url + "/health") as r:
+            assert r.status == 503
+            assert "no prefill instance" in (await r.json())["detail"]
+
+    run(t, cfg={"degraded_fallback": False})
+
+
+def test_config_refuses_what_it_cannot_run():
+    base = {"host": "127.0.0.1", "port": 1, "router": "http://x", "decode": ["http://d"]}
+    for bad, word_ in (({"decode": []}, "decode"), ({"layout": "mixed"}, "layout"),
+                       ({"migration_attempts": -1}, "migration_attempts")):  # fmt: skip
+        with pytest.raises(ValueError, match=word_):
+            gw.Config.from_dict(base | bad)
+
+
+def test_replayable_requests():
+    assert gw.replayable({"prompt": "x"}, chat=False)
+    assert gw.replayable({"prompt": [1, 2]}, chat=False)
+    assert not gw.replayable({"prompt": ["a", "b"]}, chat=False), "a batch of prompts"
+    assert gw.replayable({"messages": []}, chat=True)
+    assert not gw.replayable({"messages": [], "tools": [{}]}, chat=True)
+    assert gw.replayable({"prompt": "x", "logprobs": None, "echo": False, "n": 1}, chat=False)
+
+
+def test_six_streams_through_a_decode_that_dies_all_complete():
+    async def t(st: Stack):
+        prompts = [f"prompt number {i}" for i in range(6)]
+        got = await asyncio.gather(*(stream(st.url, "/v1/completions", {"model": "m", "prompt": p, "max_tokens": N})
+                                     for p in prompts))  # fmt: skip
+        for p, (chunks, done, errors) in zip(prompts, got, strict=True):
+            assert done and not errors and text_of(chunks) == expected_text(tokenize(p))
+        assert st.gateway.stats.migrations["resumed"] == 6
+
+    run(t, router={"die_after": 20})
+
+
