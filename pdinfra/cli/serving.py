@@ -21,13 +21,19 @@ def smoke_cmd(
         str | None, typer.Option(help="pd or agg (default: the inventory's pdinfra_layout, else pd).")
     ] = None,
 ) -> None:
-    """Completion + streaming completion through the router, proof of P->D KV transfer, greedy equality."""
+    """Completion + streaming completion through the router, proof of P->D KV transfer, greedy equality, and KV
+    integrity over every prefill->decode pair (prompts from one KV block to 90 % of max_model_len)."""
     from pdinfra.serving import smoke as smoke_mod
 
     cluster = resolved_cluster(inventory, secrets=True)
     ep = smoke_mod.endpoints_from_cluster(cluster, api_key=cluster.secrets.api_key)
     lay = layout or cluster.layout
     result = smoke_mod.run(ep, max_tokens=max_tokens, layout=lay)
+    if lay == "pd":
+        from pdinfra.serving import kv_integrity
+
+        if not kv_integrity.applies(cluster):
+            result.proofs.append(kv_integrity.proof(cluster, cluster.secrets.api_key))
     if json_out:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:

@@ -315,6 +315,7 @@ ROLE_RANGES: dict[str, tuple[int, int]] = {
     "pd_router_health_success_threshold": (1, 100),
     "pd_router_probe_interval_s": (5, 86400),
     "pd_router_probe_timeout_s": (1, 3600),
+    "pd_router_probe_integrity_interval_s": (0, 86400),
     "pd_router_migration_attempts": (0, 10),
     "pd_router_gateway_health_interval_s": (1, 60),
     "vllm_instance_roll_probe_timeout_s": (5, 7200),

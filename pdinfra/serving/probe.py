@@ -9,6 +9,10 @@ peer restart, a decode stuck waiting for remote KV: docs/reliability.md). The pr
   ``kv_transfer_params.do_remote_decode``, then the decode request with the parameters the prefill returned), so a
   broken pair is named even while the router routes around it.
 
+* **KV integrity** (:mod:`pdinfra.serving.kv_integrity`), at most every ``--integrity-interval`` seconds: over every
+  pair, prompts from one KV block to 90 % of ``max_model_len`` must get the answer the decode instance computes
+  itself; between runs the last result is carried over (with the time it ran).
+
 The ``pdinfra-probe.timer`` runs it periodically on the router node (``pd_router`` role). Each run writes
 ``last.json`` (read by ``pdinfra validate``'s ``serving.deep_health`` check) and ``pdinfra_probe.prom`` (the node
 exporter's textfile format) into ``--out``. Every request has a bounded timeout; the exit status is 0 only when
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pdinfra.cluster.model import NODE_FILE, Cluster
-from pdinfra.serving import smoke
+from pdinfra.serving import kv_integrity, smoke
 
 STATE_DIR = "/var/lib/pdinfra/probe"
 SCHEMA = "pdinfra-probe/1"
@@ -49,37 +53,47 @@ class PathResult:
 class ProbeResult:
     started: float  # unix time
     paths: list[PathResult] = field(default_factory=list)
+    # kv_integrity's result ({"ok", "ran", "cases", ...}), {"skipped": why} where it does not apply, None: not run
+    integrity: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
-        return bool(self.paths) and all(p.ok for p in self.paths)
+        integrity_ok = self.integrity is None or "skipped" in self.integrity or bool(self.integrity.get("ok"))
+        return bool(self.paths) and all(p.ok for p in self.paths) and integrity_ok
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "ok": self.ok, "started": self.started, "paths": [asdict(p) for p in self.paths]}
+        out = {"schema": SCHEMA, "ok": self.ok, "started": self.started, "paths": [asdict(p) for p in self.paths]}
+        if self.integrity is not None:
+            out["integrity"] = self.integrity
+        return out
+
+
+def integrity(cluster: Cluster, api_key: str, timeout: float, interval_s: float, previous: dict | None,
+              instance: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """The KV integrity section: run when the previous one is older than ``interval_s`` (or failed, or is for
+    another instance's pairs), else the previous carried over."""
+    why = kv_integrity.applies(cluster)
+    if why:
+        return {"skipped": why}
+    prev = (previous or {}).get("integrity") or {}
+    plan = kv_integrity.plan(cluster)
+    fresh = isinstance(prev.get("ran"), (int, float)) and time.time() - prev["ran"] < interval_s
+    if instance is None and fresh and prev.get("ok") and not prev.get("instance") and prev.get("plan") == plan:
+        return prev
+    res = kv_integrity.run(cluster, api_key, max(timeout, 60.0), instance=instance)
+    return res.to_dict() | {"interval_s": interval_s, "summary": res.summary(), "plan": plan,
+                            **({"instance": instance} if instance else {})}  # fmt: skip
 
 
 def _prompt() -> str:
     return f"pdinfra deep-health probe {uuid.uuid4().hex}: {_FILLER}"
 
 
-def _transfers(url: str, timeout: float, connector: str = "nixl") -> tuple[float, float]:
-    """(transfers, failed transfers) of a decode instance; under the Mooncake connector, which exports no transfer
-    metric, (prompt tokens taken from the KV transfer, 0)."""
-    vals = smoke.parse_metrics(smoke.get_text(url.rstrip("/") + "/metrics", timeout=timeout))
-    if connector == "mooncake":
-        return smoke.external_tokens(vals), 0.0
-    return smoke.metric(vals, *smoke.XFER_COUNT), smoke.metric(vals, *smoke.XFER_FAILED)
-
-
-def _what(connector: str) -> str:
-    return "prompt tokens moved by Mooncake" if connector == "mooncake" else "NIXL transfers"
-
-
 def _delta(before: dict[str, tuple[float, float]], urls: list[str], timeout: float,
            connector: str = "nixl") -> tuple[float, float]:  # fmt: skip
     count = failed = 0.0
     for u in urls:
-        c, f = _transfers(u, timeout, connector)
+        c, f = kv_integrity.transfers(u, timeout, connector)
         count += c - before[u][0]
         failed += f - before[u][1]
     return count, failed
@@ -90,7 +104,7 @@ def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
     body = {"model": cluster.model.name, "prompt": _prompt(), "max_tokens": 1, "temperature": 0}
     t0 = time.monotonic()
     try:
-        before = {u: _transfers(u, timeout, cluster.connector) for u in decodes}
+        before = {u: kv_integrity.transfers(u, timeout, cluster.connector) for u in decodes}
         out = smoke.post_json(cluster.router.url + "/v1/completions", body, api_key, timeout)
         tokens = out.get("usage", {}).get("completion_tokens", 0)
         count, failed = _delta(before, decodes, timeout, cluster.connector) if cluster.layout == "pd" else (1.0, 0.0)
@@ -98,7 +112,7 @@ def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
         return PathResult("router", False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
     unfinished = smoke.not_finished(out)
     ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
-    why = f"{tokens} token(s); decode {_what(cluster.connector)} +{count:.0f}, failed +{failed:.0f}"
+    why = f"{tokens} token(s); decode {kv_integrity.moved_what(cluster.connector)} +{count:.0f}, failed +{failed:.0f}"
     if unfinished:
         why += f"; finish_reason {unfinished}"
     if cluster.layout == "pd" and count < 1:
@@ -112,7 +126,7 @@ def probe_pair(cluster: Cluster, prefill_url: str, decode_url: str, name: str, a
     prompt = _prompt()
     t0 = time.monotonic()
     try:
-        before = {decode_url: _transfers(decode_url, timeout, cluster.connector)}
+        before = {decode_url: kv_integrity.transfers(decode_url, timeout, cluster.connector)}
         body = {"model": cluster.model.name, "prompt": prompt, "max_tokens": 1, "temperature": 0}
         out = smoke.two_stage(prefill_url, decode_url, body, api_key, timeout,
                               bootstrap=cluster.bootstrap().get(prefill_url, ""))  # fmt: skip
@@ -125,14 +139,17 @@ def probe_pair(cluster: Cluster, prefill_url: str, decode_url: str, name: str, a
         return PathResult(name, False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
     unfinished = smoke.not_finished(out)
     ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
+    what = kv_integrity.moved_what(cluster.connector)
     return PathResult(name, ok, round(time.monotonic() - t0, 3),
-                      f"{tokens} token(s); {_what(cluster.connector)} +{count:.0f}, failed +{failed:.0f}"
+                      f"{tokens} token(s); {what} +{count:.0f}, failed +{failed:.0f}"
                       + (f"; finish_reason {unfinished}" if unfinished else ""))  # fmt: skip
 
 
 def run(cluster: Cluster, api_key: str = "", timeout: float = 20.0, pairs: bool = True,
-        instance: str | None = None) -> ProbeResult:  # fmt: skip
-    """Every path; with ``instance``, only the P->D pairs that instance belongs to (a rolling restart's check)."""
+        instance: str | None = None, integrity_interval_s: float | None = None,
+        previous: dict | None = None) -> ProbeResult:  # fmt: skip
+    """Every path; with ``instance``, only the P->D pairs that instance belongs to (a rolling restart's check); with
+    ``integrity_interval_s``, the KV integrity check too (see :func:`integrity`)."""
     res = ProbeResult(started=time.time())
     if instance is None:
         res.paths.append(probe_router(cluster, api_key, timeout))
@@ -144,6 +161,8 @@ def run(cluster: Cluster, api_key: str = "", timeout: float = 20.0, pairs: bool 
             for d in cluster.by_role("decode"):
                 if instance in (None, p.name, d.name):
                     res.paths.append(probe_pair(cluster, p.url, d.url, f"{p.name}->{d.name}", api_key, timeout))
+    if integrity_interval_s is not None and pairs:
+        res.integrity = integrity(cluster, api_key, timeout, integrity_interval_s, previous, instance)
     return res
 
 
@@ -164,6 +183,16 @@ def prometheus_text(res: ProbeResult) -> str:
         "# TYPE pdinfra_probe_last_run_timestamp_seconds gauge",
         f"pdinfra_probe_last_run_timestamp_seconds {res.started:.0f}",
     ]
+    integ = res.integrity or {}
+    if "ran" in integ:
+        lines += [
+            "# HELP pdinfra_probe_kv_integrity_ok 1 when every P->D answer equalled the decode instance's own.",
+            "# TYPE pdinfra_probe_kv_integrity_ok gauge",
+            f"pdinfra_probe_kv_integrity_ok {int(bool(integ.get('ok')))}",
+            "# HELP pdinfra_probe_kv_integrity_last_run_timestamp_seconds When the KV integrity check last ran.",
+            "# TYPE pdinfra_probe_kv_integrity_last_run_timestamp_seconds gauge",
+            f"pdinfra_probe_kv_integrity_last_run_timestamp_seconds {float(integ['ran']):.0f}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -187,12 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per HTTP request (default %(default)s)")
     ap.add_argument("--no-pairs", action="store_true", help="only the path through the router")
     ap.add_argument("--instance", help="only the P->D pairs of this instance (no router path)")
+    ap.add_argument("--integrity-interval", type=float, default=None, metavar="S",
+                    help="also the KV integrity check, when its last run is older than S seconds (0: every run)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave last.json as it is")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     cluster, _ = Cluster.load(a.cluster)
     try:
-        res = run(cluster, os.environ.get("PDINFRA_API_KEY", ""), a.timeout, pairs=not a.no_pairs, instance=a.instance)
+        previous = json.loads((Path(a.out) / "last.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = None
+    try:
+        res = run(cluster, os.environ.get("PDINFRA_API_KEY", ""), a.timeout, pairs=not a.no_pairs, instance=a.instance,
+                  integrity_interval_s=a.integrity_interval, previous=previous)  # fmt: skip
     except KeyError as exc:
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2
@@ -201,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     if not a.quiet:
         for p in res.paths:
             print(f"{'PASS' if p.ok else 'FAIL'} {p.path} {p.seconds:.2f}s {p.evidence}")
+        if res.integrity is not None:
+            integ = res.integrity
+            verdict = "SKIP" if "skipped" in integ else "PASS" if integ.get("ok") else "FAIL"
+            print(f"{verdict} kv-integrity {integ.get('skipped') or integ.get('summary', '')}")
     return 0 if res.ok else 1
 
 

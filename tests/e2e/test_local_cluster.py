@@ -183,7 +183,7 @@ def test_validator_passes_what_applies_to_each_node(cluster):
         checks = json.loads(res.stdout)  # `pdinfra validate --json`: a list of check results
         assert res.returncode == 0, (host.name, res.stderr[-2000:])
         passed = {c["id"] for c in checks if c["verdict"] == "pass"}
-        want = CPU_NODE_PASSES | ({"serving.deep_health"} if host.name == "node1" else set())
+        want = CPU_NODE_PASSES | ({"serving.deep_health", "serving.kv_integrity"} if host.name == "node1" else set())
         assert passed == want, (host.name, sorted(passed ^ want))
         other = [c for c in checks if c["id"] not in passed]
         odd = [c for c in other if c["verdict"] != "n/a" or not NOT_APPLICABLE.search(c["evidence"])]

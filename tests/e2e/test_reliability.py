@@ -52,7 +52,7 @@ from e2e_helpers import (
 )
 
 from pdinfra import testhosts
-from pdinfra.serving import smoke
+from pdinfra.serving import kv_integrity, smoke
 from pdinfra.testhosts import nspawn
 
 pytestmark = E2E_MARKS
@@ -321,9 +321,16 @@ def test_deep_health_probe_passes_over_every_path_and_validate_shows_it(cluster)
     assert last["ok"], last
     assert {p["path"] for p in last["paths"]} == {"router", "prefill0->decode0", "prefill0->decode1"}
     assert 'pdinfra_probe_success{path="router"} 1' in res.stdout
+    # the KV integrity check: both pairs, one block to 90 % of max_model_len (2048 tokens: 48 ... 1840)
+    integ = last["integrity"]
+    assert integ["ok"] and {(c["pair"], c["tokens"]) for c in integ["cases"]} == {
+        (p, n) for p in ("prefill0->decode0", "prefill0->decode1") for n in (48, 528, 1040, 1840)}, integ
+    assert "pdinfra_probe_kv_integrity_ok 1" in res.stdout
     checks = json.loads(on(n1, "pdinfra validate --json", log="a3-validate").stdout)
     dh = next(c for c in checks if c["id"] == "serving.deep_health")
     assert dh["verdict"] == "pass" and "prefill0->decode1" in dh["evidence"], dh
+    ki = next(c for c in checks if c["id"] == "serving.kv_integrity")
+    assert ki["verdict"] == "pass" and "1840" in ki["evidence"], ki
 
 
 # ----------------------------------------------------------------------------- faults under load
@@ -363,6 +370,13 @@ def test_misplaced_kv_blocks_fail_the_answer_checks(cluster, refs):
         kv_fault(cluster, None)
     assert faulty["KV cache moved prefill -> decode over NIXL"]["ok"], faulty  # the transfers themselves succeed
     assert not faulty[smoke.EQUALITY]["ok"], faulty[smoke.EQUALITY]
+    # the KV integrity gate (smoke proof; the probe and validate's serving.kv_integrity judge the same runs) fails on
+    # both pairs, at every length of more than one block, and says what to check
+    integ = faulty[kv_integrity.NAME]
+    assert not integ["ok"] and "block size" in integ["evidence"], integ
+    failed = {(p, n) for p, n in re.findall(r"(prefill0->decode\d) (\d+) tokens:", integ["evidence"])}
+    assert failed >= {(p, n) for p in ("prefill0->decode0", "prefill0->decode1")
+                      for n in ("528", "1040")}, integ["evidence"]
     answered = [r for r in load.recs if r.ok]
     wrong = wrong_answers(load)
     print(f"\nKV blocks misplaced: {len(wrong)} of {len(answered)} answers wrong; smoke: {faulty[smoke.EQUALITY]}")

@@ -282,6 +282,21 @@ tests:
           - exp_labels: {severity: critical, job: gateway, instance: "198.18.0.11:8000"}
             exp_annotations:
               summary: "the API gateway at 198.18.0.11:8000 has no path that serves: /health answers 503"
+  # The probe's KV integrity check fails from its second run on.
+  - interval: 30s
+    input_series:
+      - series: 'pdinfra_probe_kv_integrity_ok{job="node",instance="198.18.0.11:9100"}'
+        values: '1 0 0'
+    alert_rule_test:
+      - eval_time: 0s
+        alertname: PdinfraKVIntegrityFailing
+        exp_alerts: []
+      - eval_time: 30s
+        alertname: PdinfraKVIntegrityFailing
+        exp_alerts:
+          - exp_labels: {severity: critical, job: node, instance: "198.18.0.11:9100"}
+            exp_annotations:
+              summary: "a P->D answer is not the decode instance's own (KV integrity): pdinfra validate names the pair"
   # Failed NIXL transfers on a decode instance.
   - interval: 15s
     input_series:

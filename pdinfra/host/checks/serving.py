@@ -114,6 +114,52 @@ def serving_deep_health(facts: Facts, expect: Expect) -> Outcome:
     return ok(_join(f"{p.get('path')} {float(p.get('seconds') or 0):.2f} s" for p in paths) + when)
 
 
+@check("serving.kv_integrity", "P->D answers equal the decode instance's own, from one KV block to 90 % of the context",
+       "serving")  # fmt: skip
+def serving_kv_integrity(facts: Facts, expect: Expect) -> Outcome:
+    """Reads: `deep_health.last.integrity` (the probe's KV integrity result in `/var/lib/pdinfra/probe/last.json`:
+    each prefill->decode pair and prompt length, when it ran)
+
+    Rule: on the router node: fail if a pair's P->D answer differed from the decode instance's own (greedy tokens,
+    logprobs beyond the tolerance) or the KV did not move, if the check never ran, or if its last run is older than
+    3 of its intervals; n/a without the probe timer, or where the check does not apply (aggregated layout, LMCache)
+
+    Remedy: the pair named; same model, dtype and block size on every instance (`serving.pd_consistency`), the
+    connector's errors in the decode's journal, `pdinfra validate --transfer`; then `pdinfra smoke`
+    """
+    dh = facts.get("deep_health") or {}
+    if not dh.get("deployed"):
+        return na("no deep-health probe on this host (pdinfra-probe.timer runs on the router node)")
+    last = dh.get("last") or {}
+    integ = last.get("integrity")
+    run_now = ("Run it now: `systemctl start pdinfra-probe.service` (it runs the check when its last run is older "
+               "than pd_router_probe_integrity_interval_s), or `pdinfra smoke` from the controller.")  # fmt: skip
+    if not isinstance(integ, dict):
+        return fail("the probe's result has no KV integrity check (never run, or a probe older than pdinfra's)",
+                    run_now)  # fmt: skip
+    if "skipped" in integ:
+        return na(f"the KV integrity check does not apply: {integ['skipped']}")
+    cases = [c for c in integ.get("cases") or [] if isinstance(c, dict)]
+    ran, interval = integ.get("ran"), integ.get("interval_s")
+    if not cases or not isinstance(ran, (int, float)):
+        return fail("the KV integrity check ran no case", run_now)
+    started = last.get("started")
+    age = (started - ran) + (dh.get("age_s") or 0) if isinstance(started, (int, float)) else None
+    if isinstance(age, (int, float)) and isinstance(interval, (int, float)) and age > 3 * max(interval, 30) + 60:
+        return fail(f"the KV integrity check last ran {age:.0f} s ago (every {interval:g} s expected)", run_now)
+    bad = [f"{c.get('pair')} at {c.get('tokens')} tokens: {c.get('evidence')}" for c in cases if not c.get("ok")]
+    when = f" ({age:.0f} s ago)" if isinstance(age, (int, float)) else ""
+    if bad or not integ.get("ok"):
+        return fail(_join(bad) + when, "The decode answered from KV that is not the prompt's. Check that every "
+                    "instance runs the same model, dtype and block size (serving.pd_consistency), the connector's "
+                    "errors in the decode's journal and the transfer path (`pdinfra validate --transfer`; "
+                    "UCX_NET_DEVICES on RDMA hosts); restart the pair's instances, decode first; `pdinfra smoke`.")
+    pairs = sorted({str(c.get("pair")) for c in cases})
+    sizes = sorted({int(c.get("tokens") or 0) for c in cases})
+    return ok(f"{len(cases)} cases equal over {', '.join(pairs)} at {', '.join(map(str, sizes))} prompt tokens"
+              + when)  # fmt: skip
+
+
 def pd_consistency_problems(instances: list[dict[str, Any]], pd_hosts: int) -> list[str]:
     problems = []
     for key in PD_CONSISTENT_KEYS:
