@@ -28,6 +28,9 @@ class Model:
     hf_id: str = ""
     load_format: str = "auto"
     shape: str | None = None  # a pdinfra.cluster.kvshape preset
+    # Where the model's limits were read (pdinfra.cluster.models): a catalog entry, or the config.json of a
+    # controller_dir; None: an unknown model, whose limits were not checked (check-config says so).
+    catalog: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class Router:
     # Content-Length against aggregate_body_regex (nginx compares no numbers: the decimal numbers below it).
     aggregate_below_bytes: int = 0
     aggregate_body_regex: str = ""
+    backend_port: int = 18000  # vllm-router (or the LMCache proxy) on loopback behind the gateway (port plan only)
 
 
 @dataclass(frozen=True)
