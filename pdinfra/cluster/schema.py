@@ -464,6 +464,13 @@ ROLE_RULES: dict[str, Rule] = {
     "nvidia_driver_version": _p(r"^[0-9]{3}\.[0-9]+(\.[0-9]+)?$", 'a full driver version such as "580.159.04"'),
     "ucx_ib_gid_index": _p(r"^(auto|[0-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-5])$", "auto or 0..255"),
     "ucx_module_dir": _p(r"^(/.*|venv)?$", "an absolute path (UCX_MODULE_DIR), venv or empty"),
+    "nvidia_driver_cuda_repo_base_url": _p(r"^https?://[^\s]+$", "an http(s) URL"),
+    "nvidia_driver_cuda_repo_key_name": _p(r"^[A-Za-z0-9._-]+$", "a file name in the repository (3bf863cc.pub)"),
+    "nvidia_driver_kernel_flavour": _p(r"^([a-z0-9][a-z0-9-]*)?$", "a kernel flavour such as generic, or empty (the "
+                                       "running kernel's)"),
+    "nvidia_driver_dcgm_package": _p(r"^[a-z0-9][a-z0-9.+-]+$", "a Debian package name"),
+    "nvidia_driver_persistenced_user": _p(r"^[a-z_][a-z0-9_-]{0,31}$", "a user name"),
+    "pd_monitoring_grafana_dashboards_dir": _p(r"^(/.*)?$", "an absolute path on the node, or empty"),
     # the role's own check (roles/nvidia_driver/tasks/validate.yml) compares `| string | lower`
     "nvidia_driver_fabricmanager": _p(r"^(?i:auto|true|false)$", "auto, true or false"),
     # UCX_TLS: the ucx role's comment and NIXL's wire-up (no active-message transport without tcp)
