@@ -243,6 +243,10 @@ def _rails(ck: Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProf
             ck.add(f"{where}.address", f"{ip} is also a rail address of {seen[ip]} (copied host_vars?)", host)
         seen[ip] = host
         rails.append(Rail(netdev, str(nic.get("rdma_dev", "")), address, mtu, hw.rail_speed_mbps))
+    if hw.rail_count and 0 < len(nics) != hw.rail_count:
+        ck.add("rdma_roce_nics", f"{len(nics)} rails declared, but a {hw.name} host has {hw.rail_count} (one per GPU): "
+               "the rails left out would carry no address and no check would look at them; allowed: "
+               f"{hw.rail_count} rails, or none", host)  # fmt: skip
     return rails
 
 
