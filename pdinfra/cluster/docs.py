@@ -48,8 +48,8 @@ def _allowed(var: Var) -> str:
         parts.append(f"{var.min if var.min is not None else ''}..{var.max if var.max is not None else ''}")
     if var.unit is not None and var.unit not in ("count", "number", "port"):
         parts.append(schema.UNITS[var.unit])
-    if var.strict:
-        parts.append("typed (no quotes)")
+    if var.strict and var.type in ("int", "bool"):
+        parts.append("unquoted")
     if var.format:
         parts.append(schema.FORMATS[var.format][1].split(" (")[0])
     if var.secret:
