@@ -65,7 +65,13 @@ class ActionModule(ActionBase):
         if scope not in ("full", "host"):
             raise AnsibleError(f"scope must be full or host, not {scope!r}")
         res = resolve.resolve(resolved, groups, sources, scope)
-        problems = template_problems + res.problems
+        from pathlib import Path as _P
+
+        from pdinfra.cluster.inventory import orphan_vars
+
+        hosts = list(task_vars.get("groups", {}).get("all", []))
+        orphans = orphan_vars([_P(s) for s in sources], list(task_vars.get("groups", {})), hosts)
+        problems = template_problems + orphans + res.problems
         result["changed"] = False
         if args.get("output"):
             data = {
@@ -96,6 +102,7 @@ class ActionModule(ActionBase):
         result["msg"] = (
             f"cluster OK: {len(pd)} PD hosts ({', '.join(pd)}), {len(cluster.instances)} instances, "
             f"router {cluster.router.url if cluster.routers else 'none'}, block size {cluster.block_size}, "
-            f"layout {cluster.layout}"
+            f"layout {cluster.layout}; model limits "
+            + (f"from {cluster.model.catalog}" if cluster.model.catalog else "not checked (a model not in the catalog)")
         )
         return result

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdinfra.cluster import kvshape, schema
+from pdinfra.cluster import kvshape, models, schema
 from pdinfra.cluster.model import Cluster, Model
 from pdinfra.cluster.schema import PDINFRA, Var
 
@@ -69,6 +69,26 @@ def show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def unit_hint(value: Any, unit: str | None) -> str:
+    """For a number written with a unit where the variable's unit is implied: " (the unit is seconds: a plain number;
+    did you mean 300?)" for "5m" in seconds (likewise ms and us), and what the number is in for the other units."""
+    if not isinstance(value, str) or unit is None:
+        return ""
+    if unit in ("s", "ms", "us"):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|us|s|secs?|seconds?|m|mins?|minutes?|h|hours?)\s*", value)
+        if not m:
+            return ""
+        word = m[2]
+        per = (0.001 if word == "ms" else 1e-6 if word == "us" else 60 if word.startswith("m") else
+               3600 if word.startswith("h") else 1)  # fmt: skip
+        meant = float(m[1]) * per * {"s": 1, "ms": 1000, "us": 1_000_000}[unit]
+        text = f"{meant:.0f}" if meant >= 1 and float(meant).is_integer() else f"{meant:g}"
+        return f" (the unit is {schema.UNITS[unit]}: a plain number; did you mean {text}?)"
+    if unit in ("GiB", "MiB", "bytes", "days", "tokens") and re.fullmatch(r"\s*[0-9.]+\s*[A-Za-z]+\s*", value):
+        return f" (the unit is {schema.UNITS[unit]}: a plain number without a unit)"
+    return ""
+
+
 class Checker:
     """Type checks against the schema; collects problems."""
 
@@ -87,23 +107,33 @@ class Checker:
         t = var.type
         out: Any = value
         if t in ("int", "port"):
+            lo, hi = (1, 65535) if t == "port" else (var.min, var.max)
+            what = "a port number" if t == "port" else "an integer"
+            rng = (
+                f"{lo}..{hi}"
+                if lo is not None and hi is not None
+                else (f">= {lo}" if lo is not None else f"<= {hi}" if hi is not None else "")
+            )
+            allowed = f"{what} in {rng}" if rng else what
+            if var.strict and isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+                n = int(value)
+                quoted = (lo is None or n >= lo) and (hi is None or n <= hi)
+                self.add(where, f"must be {allowed}, not the string {shown}" + (
+                    f": the validator reads it as written; write {n} without quotes" if quoted else ""), host)
+                return None
             if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r"-?\d+", str(value)):
-                self.add(where, f"must be an integer, not {shown}", host)
+                self.add(where, f"must be {allowed}, not {shown}{unit_hint(value, var.unit)}", host)
                 return None
             out = int(value)
-            lo, hi = (1, 65535) if t == "port" else (var.min, var.max)
             if (lo is not None and out < lo) or (hi is not None and out > hi):
-                what = "a port number" if t == "port" else "an integer"
-                rng = (
-                    f"{lo}..{hi}"
-                    if lo is not None and hi is not None
-                    else (f">= {lo}" if lo is not None else f"<= {hi}")
-                )
                 self.add(where, f"must be {what} in {rng}, not {out}", host)
                 return None
         elif t == "bool":
             if isinstance(value, bool):
                 out = value
+            elif var.strict:
+                self.add(where, f"must be true or false (unquoted), not {shown}", host)
+                return None
             elif str(value).lower() in _BOOL_TRUE | _BOOL_FALSE:
                 out = str(value).lower() in _BOOL_TRUE
             else:
@@ -111,7 +141,8 @@ class Checker:
                 return None
         elif t == "str":
             if not isinstance(value, str):
-                self.add(where, f"must be a string, not {shown} ({type(value).__name__})", host)
+                what = f"{schema.FORMATS[var.format][1].split(' (')[0]} (a quoted string)" if var.format else "a string"
+                self.add(where, f"must be {what}, not {shown} ({type(value).__name__})", host)
                 return None
         elif t == "list":
             if not isinstance(value, list):
@@ -179,6 +210,7 @@ class InventoryView:
     routers: list[str]
     all_hosts: list[str]
     serving: bool
+    groups_of: dict[str, tuple[str, ...]] = field(default_factory=dict)  # host -> its groups (not all, ungrouped)
 
     def cluster_value(self, var: Var) -> Any:
         """``var``'s one value across the cluster hosts (its default when unset); a value that differs between
@@ -226,6 +258,8 @@ class Settings:
     model: Model | None
     hf_token: str
     shape: kvshape.KVShape | None
+    facts: models.ModelFacts | None
+    max_model_len_set: bool  # pdinfra_max_model_len is set in the inventory (else its default, fitted to the model)
     slo: dict[str, Any]
     api_key: str
     kv_policy: str

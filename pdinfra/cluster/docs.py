@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from pdinfra import paths
-from pdinfra.cluster import kvshape, profiles, schema
+from pdinfra.cluster import kvshape, models, profiles, schema
 from pdinfra.cluster.schema import Var
 
 BEGIN = "<!-- variables: generated from meta/argument_specs.yml and defaults/main.yml by pdinfra.cluster.docs -->"
@@ -46,6 +46,10 @@ def _allowed(var: Var) -> str:
         parts.append("1..65535")
     elif var.min is not None or var.max is not None:
         parts.append(f"{var.min if var.min is not None else ''}..{var.max if var.max is not None else ''}")
+    if var.unit is not None and var.unit not in ("count", "number", "port"):
+        parts.append(schema.UNITS[var.unit])
+    if var.strict and var.type in ("int", "bool"):
+        parts.append("unquoted")
     if var.format:
         parts.append(schema.FORMATS[var.format][1].split(" (")[0])
     if var.secret:
@@ -79,11 +83,10 @@ def role_table(role: str) -> str:
         meaning = rv.description
         if rv.spec.get("choices"):
             meaning += " One of " + ", ".join(f"`{c}`" for c in rv.spec["choices"]) + "."
-        if name in schema.ROLE_RANGES:
-            lo, hi = schema.ROLE_RANGES[name]
-            meaning += f" Range {lo}..{hi}."
-        if name in schema.ROLE_PATTERNS:
-            meaning += f" Must be {schema.ROLE_PATTERNS[name][1]}."
+        if name in schema.ROLE_RULES:
+            meaning += " " + schema.ROLE_RULES[name].describe()
+        if name in schema.DERIVED_ROLE_VARS:
+            meaning += f" From the cluster model: set `{schema.DERIVED_ROLE_VARS[name]}` instead."
         lines.append(f"| `{name}` | {rv.type} | {default} | {_cell(meaning)} |")
     return "\n".join([BEGIN, *lines, END])
 
@@ -133,6 +136,23 @@ def variables_md() -> str:
     for s in kvshape.PRESETS.values():
         out.append(f"| `{s.name}` | {s.num_layers} | {s.num_kv_heads} | {s.num_attention_heads} | {s.head_dim} | "
                    f"{s.dtype} |")  # fmt: skip
+    out += [
+        "",
+        "## Model catalog (`pdinfra.cluster.models`)",
+        "",
+        "`pdinfra check-config` finds the model by `pdinfra_model.hf_id`, else by `shape` (source `tiny`: the tiny",
+        "model; source `controller_dir`: its own `config.json` on the controller), and compares",
+        "`pdinfra_max_model_len` with its context, each instance's `tensor_parallel_size` with its heads, `shape` with",
+        "its geometry and the chat template the smoke needs. A model it does not know is said to be unknown, not",
+        "guessed from its name.",
+        "",
+        "| model | id | context (tokens) | layers | attention heads | KV heads | head dim | chat template | source |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in models.CATALOG.values():
+        chat = "yes" if m.chat_template else "no"
+        out.append(f"| `{m.name}` | {_cell(m.hf_id)} | {m.context_length} | {m.num_layers} | {m.num_attention_heads} | "
+                   f"{m.num_kv_heads} | {m.head_dim} | {chat} | {_cell(m.source)} |")  # fmt: skip
     for role in schema.ROLES:
         out += ["", f"## Role `{role}` (roles/{role}/README.md)", "", *role_table(role).splitlines()[1:-1]]
     return "\n".join(out) + "\n"

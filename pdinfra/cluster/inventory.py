@@ -20,7 +20,7 @@ import yaml
 
 from pdinfra import paths
 from pdinfra.cluster.model import Cluster, Secrets
-from pdinfra.cluster.resolve import ClusterError, Problem
+from pdinfra.cluster.resolve import ClusterError, Problem, suggest
 from pdinfra.playbook import ansible_bin, ansible_env
 
 DEFAULT = paths.REPO / "inventory" / "local" / "hosts.yml"
@@ -80,6 +80,33 @@ def yaml_errors(sources: list[Path]) -> list[str]:
             out.append(f"{where}: YAML error: {what}")
         except yaml.YAMLError as exc:
             out.append(f"{f}: YAML error: {exc}")
+    return out
+
+
+def orphan_vars(sources: list[Path], groups: list[str], hosts: list[str]) -> list[Problem]:
+    """The group_vars and host_vars entries beside the inventory that name no group or host of it: Ansible reads
+    them for nobody, without a word (a group renamed in hosts.yml leaves its group_vars/<old>.yml behind, and its
+    hosts lose the hardware profile and the driver pin it set)."""
+    out: list[Problem] = []
+    seen: set[Path] = set()
+    for src in sources:
+        base = src if src.is_dir() else src.parent
+        for sub, known, what in (("group_vars", sorted(groups), "group"), ("host_vars", sorted(hosts), "host")):
+            d = base / sub
+            if not d.is_dir() or d.resolve() in seen:
+                continue
+            seen.add(d.resolve())
+            for entry in sorted(d.iterdir()):
+                if entry.name.startswith("."):
+                    continue
+                name = entry.name if entry.is_dir() else entry.stem if entry.suffix in (".yml", ".yaml", ".json") \
+                    else entry.name if not entry.suffix else None  # fmt: skip
+                if name is None or name in known:
+                    continue
+                listed = ", ".join(k for k in known if k not in ("all", "ungrouped"))
+                out.append(Problem(sub, f"{entry} names no {what} of the inventory (its {what}s: {listed}), so its "
+                                   f"variables reach no host{suggest(name, known)}; a {what} renamed in hosts.yml "
+                                   "leaves its file behind: rename the file with it"))  # fmt: skip
     return out
 
 

@@ -28,6 +28,9 @@ class Model:
     hf_id: str = ""
     load_format: str = "auto"
     shape: str | None = None  # a pdinfra.cluster.kvshape preset
+    # Where the model's limits were read (pdinfra.cluster.models): a catalog entry, or the config.json of a
+    # controller_dir; None: an unknown model, whose limits were not checked (check-config says so).
+    catalog: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Router:
     # Conditional disaggregation (pdinfra_pd_aggregate_below_bytes): a completion or chat request with a body under
     # this many bytes is served by a decode instance alone (the gateway compares); 0: every request through prefill.
     aggregate_below_bytes: int = 0
+    backend_port: int = 18000  # vllm-router (or the LMCache proxy) on loopback behind the gateway (port plan only)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import dataclasses
 import re
 from typing import Any
 
-from pdinfra.cluster import profiles, schema
+from pdinfra.cluster import profiles, resolve_roles, schema
 
 # The resolver's public names live in checker.py and resolve_hosts.py; resolve re-exports them for its users.
 from pdinfra.cluster.checker import (  # noqa: F401
@@ -40,15 +40,18 @@ from pdinfra.cluster.resolve_hosts import (  # noqa: F401
     _check_consistency,
     _check_ports,
     _expect,
+    _gpu_host_pins,
     _hardware,
     _instances,
     _model,
+    _model_limits,
     _price,
     _rails,
 )
 from pdinfra.cluster.resolve_services import (
     STORE_VARS,
     _api_key,
+    _check_ranges,
     _firewalls,
     _kv_store,
     _lmcache_ports,
@@ -56,7 +59,6 @@ from pdinfra.cluster.resolve_services import (
     _networks,
     _open_router,
     _port_range,
-    _serving_ports,
 )
 from pdinfra.cluster.schema import PDINFRA
 from pdinfra.cluster.slo import SLO
@@ -88,84 +90,8 @@ def _check_names(ck: Checker, hostvars: dict[str, dict[str, Any]]) -> None:
                     h,
                 )
             elif name in schema.DERIVED_ROLE_VARS:
-                ck.add(
-                    name, f"is derived from the cluster model ({schema.DERIVED_ROLE_VARS[name]}); set that instead", h
-                )
-
-
-def _check_role_vars(ck: Checker, hostvars: dict[str, dict[str, Any]]) -> None:
-    """Types and choices by each role's argument_specs (Ansible's own validator), then ranges and patterns."""
-    try:
-        from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-    except ImportError:  # pragma: no cover - the controller extras bring ansible-core
-        ArgumentSpecValidator = None  # noqa: N806
-    for h, hv in hostvars.items():
-        for role, rs in schema.role_schemas().items():
-            params = {k: v for k, v in hv.items() if k in rs.variables and k not in schema.DERIVED_ROLE_VARS}
-            if not params:
-                continue
-            validated = params
-            if ArgumentSpecValidator is not None:
-                spec = {k: {kk: vv for kk, vv in rs.variables[k].spec.items() if kk not in ("description", "default")}
-                        for k in params}  # fmt: skip
-                try:
-                    res = ArgumentSpecValidator(spec).validate(dict(params))
-                except Exception:  # Ansible's validator itself failed (a 2**63 in a list): find the variable
-                    validated = {}
-                    for k in params:
-                        try:
-                            one = ArgumentSpecValidator({k: spec[k]}).validate({k: params[k]})
-                        except Exception as exc:
-                            ck.add(k, f"cannot be checked against roles/{role}/meta/argument_specs.yml "
-                                   f"({type(exc).__name__}: {exc}); not {show(params[k])}", h)  # fmt: skip
-                            continue
-                        for msg in one.error_messages:
-                            ck.add(k, f"{msg} (roles/{role}/meta/argument_specs.yml)", h)
-                        validated.update(one.validated_parameters)
-                else:
-                    for msg in res.error_messages:
-                        names = [k for k in params if f"'{k}'" in msg or f"{k}." in msg or f" {k}" in msg]
-                        ck.add(names[0] if names else role, f"{msg} (roles/{role}/meta/argument_specs.yml)", h)
-                    validated = res.validated_parameters
-            for k in params:
-                # Ansible converts what it can: 12 to "12", "a,b" to a list. A list or mapping where one word is
-                # meant, or true/false where a number is, is a mistake it would turn into a string or a 1.
-                want, got = rs.variables[k].type, params[k]
-                if want in ("str", "path") and isinstance(got, (list, dict)):
-                    ck.add(k, f"must be a {'path' if want == 'path' else 'string'}, not a "
-                           f"{'list' if isinstance(got, list) else 'mapping'} ({show(got)})", h)  # fmt: skip
-                elif want in ("int", "float") and isinstance(got, bool):
-                    ck.add(k, f"must be a number, not {show(got)}", h)
-                elif want == "path" and isinstance(got, (str, int)) and not str(got).startswith(("/", "{{")):
-                    ck.add(k, f"must be an absolute path on the node, not {show(got)}", h)
-            for k, v in validated.items():
-                if k in schema.ROLE_RANGES:
-                    lo, hi = schema.ROLE_RANGES[k]
-                    try:
-                        n = int(v)
-                    except (TypeError, ValueError):
-                        continue  # reported by the argument spec
-                    if not lo <= n <= hi:
-                        ck.add(k, f"must be in {lo}..{hi}, not {show(params[k])}", h)
-                if k in schema.ROLE_PATTERNS:
-                    pattern, what = schema.ROLE_PATTERNS[k]
-                    if not re.fullmatch(pattern, str(v)):
-                        ck.add(k, f"must be {what}, not {show(params[k])}", h)
-        if "rdma_roce_tos" in hv or "rdma_roce_dscp" in hv:
-            tos = hv.get("rdma_roce_tos", schema.role_var("rdma_roce_tos").default)
-            dscp = hv.get("rdma_roce_dscp", schema.role_var("rdma_roce_dscp").default)
-            try:
-                if int(tos) // 4 != int(dscp):
-                    ck.add("rdma_roce_tos", f"{tos}: its DSCP bits (tos >> 2 = {int(tos) // 4}) differ from "
-                           f"rdma_roce_dscp={dscp}; set tos = dscp * 4 (+ ECN bits)", h)  # fmt: skip
-            except (TypeError, ValueError):
-                pass
-        branch, version = hv.get("nvidia_driver_branch"), hv.get("nvidia_driver_version")
-        if branch is not None or version is not None:
-            branch = str(branch if branch is not None else schema.role_var("nvidia_driver_branch").default)
-            version = str(version if version is not None else schema.role_var("nvidia_driver_version").default)
-            if re.fullmatch(r"[0-9]{3}", branch) and not version.startswith(branch + "."):
-                ck.add("nvidia_driver_version", f"{version!r} is not on nvidia_driver_branch {branch!r}", h)
+                ck.add(name, f"is derived from the cluster model ({schema.DERIVED_ROLE_VARS[name]}); set that instead "
+                       f"(here it is {show(hv[name])})", h)  # fmt: skip
 
 
 INTERNAL = "pdinfra"  # the variable of a problem that is resolve's own failure, not the inventory's
@@ -208,6 +134,7 @@ def _resolve(
     hosts, all_instances = _hosts_pass(inv, s)
     hosts, router_objs = _routers_pass(inv, s, hosts, all_instances)
     hosts, monitoring, kv_store = _services_pass(inv, s, plan, hosts, router_objs, all_instances)
+    resolve_roles.check_against_cluster(inv, s, hosts, router_objs, monitoring, kv_store)
     if ck.problems or (s.model is None and inv.serving):
         return Resolution(None, ck.problems)
     cluster = Cluster(
@@ -240,8 +167,10 @@ def _groups_pass(ck: Checker, hostvars: dict[str, dict[str, Any]], groups: dict[
     if not routers and serving:
         ck.add(ROUTER_GROUP, "the inventory has no host in group 'router'")
     _check_names(ck, hostvars)
-    _check_role_vars(ck, hostvars)
-    return InventoryView(ck, hostvars, cluster_hosts, routers, all_hosts, serving)
+    resolve_roles.check_role_vars(ck, hostvars)
+    groups_of = {h: tuple(sorted(g for g, hs in groups.items() if h in (hs or ()) and g not in ("all", "ungrouped")))
+                 for h in all_hosts}  # fmt: skip
+    return InventoryView(ck, hostvars, cluster_hosts, routers, all_hosts, serving, groups_of)
 
 
 def _settings_pass(inv: InventoryView) -> Settings:
@@ -260,8 +189,8 @@ def _settings_pass(inv: InventoryView) -> Settings:
                "CPU build (LMCache RFC #4266); use nixl or mooncake on the cpu profile")  # fmt: skip
     check_block(ck, "pdinfra_block_size", block, profile, None)
     raw_model = value(PDINFRA["pdinfra_model"])
-    no_model = (None, "", None)
-    model, hf_token, shape = _model(ck, raw_model, profile) if inv.serving or raw_model is not None else no_model
+    no_model = (None, "", None, None)
+    model, hf_token, shape, facts = _model(ck, raw_model, profile) if inv.serving or raw_model is not None else no_model
     slo_raw = value(PDINFRA["pdinfra_slo"]) or {}
     slo: dict[str, Any] = {}
     if isinstance(slo_raw, dict):
@@ -278,7 +207,9 @@ def _settings_pass(inv: InventoryView) -> Settings:
         profile=profile, connector=connector, layout=layout, dtype=value(PDINFRA["pdinfra_dtype"]) or "auto",
         block=block, max_model_len=value(PDINFRA["pdinfra_max_model_len"]),
         lease=value(PDINFRA["pdinfra_kv_lease_duration"]), venv=value(PDINFRA["pdinfra_venv"]), model=model,
-        hf_token=hf_token, shape=shape, slo=slo, api_key=api_key,
+        hf_token=hf_token, shape=shape, facts=facts, slo=slo, api_key=api_key,
+        max_model_len_set=any(inv.hostvars[h].get("pdinfra_max_model_len") is not None
+                              for h in inv.cluster_hosts or inv.all_hosts),
         kv_policy=str(value(PDINFRA["pdinfra_kv_load_failure_policy"]) or "fail"), service_user=service_user,
         store_on=bool(value(PDINFRA["pdinfra_kv_store"])),
         store_values={n: value(PDINFRA[n]) for n in STORE_VARS},  # checked whether the tier is on or not
@@ -349,13 +280,15 @@ def _hosts_pass(inv: InventoryView, s: Settings) -> tuple[list[Host], list[Insta
         insts: list[Instance] = []
         if in_cluster:
             insts = _instances(ck, hv, h, addr, s.profile, s.block, s.dtype, s.model, s.shape,
-                               expect.get("gpu_count"), hardware, s.layout, s.connector)  # fmt: skip
+                               expect.get("gpu_count"), hardware, s.layout, s.connector, s.facts)  # fmt: skip
             for inst in insts:
                 if inst.name in names:
                     other = names[inst.name]
                     ck.add(f"{inst.var}.name", f"{inst.name!r} is also used on {other.host} ({other.var})", h)
                 names[inst.name] = inst
-            _check_ports(ck, hv, h, insts, h in inv.routers)
+            _check_ports(ck, hv, h, insts, h in inv.routers, s.notify_port if s.lmcache_pd else 0)
+            if insts and s.profile == "gpu":
+                _gpu_host_pins(ck, hv, h, insts, gpu, inv.groups_of.get(h, ()))
         hosts.append(Host(h, in_cluster, addr, addr_cidr, gpu, hardware, expect, tuple(rails), tuple(insts),
                           price=_price(ck, hv, h, hw, gpu)))  # fmt: skip
         all_instances += insts
@@ -368,6 +301,8 @@ def _hosts_pass(inv: InventoryView, s: Settings) -> tuple[list[Host], list[Insta
             if not any(i.role == role for i in all_instances):
                 ck.add("pdinfra_instances", f"the cluster has no {role} instance (pdinfra_layout is pd)")
     _check_consistency(ck, all_instances)
+    if s.max_model_len is not None:
+        s.max_model_len = _model_limits(ck, s.facts, int(s.max_model_len), s.max_model_len_set, all_instances)
     if s.lmcache_pd:
         hosts, all_instances = _lmcache_ports(ck, hosts)
     return hosts, all_instances
@@ -388,6 +323,7 @@ def _routers_pass(inv: InventoryView, s: Settings, hosts: list[Host],
                        "compute prompts alone (pdinfra_connector nixl or mooncake), not lmcache", r)  # fmt: skip
             below = 0
         metrics = role_value(hv, "pd_router_prometheus_port")
+        backend = role_value(hv, "pd_router_backend_port")
         address = host.address or str(hv.get("ansible_host") or r)
         prefills = [i for i in all_instances if i.role == "prefill"]
         router_objs.append(Router(
@@ -399,6 +335,8 @@ def _routers_pass(inv: InventoryView, s: Settings, hosts: list[Host],
             prefill_bootstrap_ports=tuple(i.side_channel_port for i in prefills) if s.mooncake_pd else (),
             lmcache_notify_port=s.notify_port if s.lmcache_pd else 0,
             aggregate_below_bytes=int(below),
+            backend_port=int(backend) if re.fullmatch(r"[0-9]{1,5}", str(backend)) else int(schema.role_var(
+                "pd_router_backend_port").default),
         ))  # fmt: skip
     routed = [Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)})
               for h in hosts]  # fmt: skip
@@ -413,17 +351,10 @@ def _services_pass(inv: InventoryView, s: Settings, plan: PortPlan, hosts: list[
     if inv.serving and inv.cluster_value(PDINFRA["pdinfra_monitoring"]) and all_instances:
         monitoring = _monitoring(ck, hosts, router_objs, inv.cluster_value)
     m_store = plan.mooncake
-    if (s.store_on or s.mooncake_pd) and m_store:  # Mooncake's engines listen in this range on every instance's host
-        for h in hosts:
-            used = _serving_ports(h)
-            clash = sorted(p for p in used if m_store[0] <= p <= m_store[1])
-            if clash and h.instances:
-                ck.add("pdinfra_kv_store_port_range", f"{s.store_values['pdinfra_kv_store_port_range']} holds port(s) "
-                       f"{', '.join(f'{p} ({used[p]})' for p in clash)}: Mooncake's transfer engines "
-                       "would take them; choose a range apart from the instances' ports", h.name)  # fmt: skip
-        if s.profile == "cpu" and str(s.store_values["pdinfra_kv_store_protocol"] or "tcp") == "rdma":
-            ck.add("pdinfra_kv_store_protocol", "rdma on the cpu profile: the hosts have no RDMA rails "
-                   "(rdma_roce_nics); use tcp")  # fmt: skip
+    if (s.store_on or s.mooncake_pd) and m_store and s.profile == "cpu" and str(
+            s.store_values["pdinfra_kv_store_protocol"] or "tcp") == "rdma":  # fmt: skip
+        ck.add("pdinfra_kv_store_protocol", "rdma on the cpu profile: the hosts have no RDMA rails "
+               "(rdma_roce_nics); use tcp")  # fmt: skip
     kv_store = None
     if inv.serving and s.store_on and all_instances:
         kv_store = _kv_store(ck, hosts, router_objs, monitoring, s.store_values, s.profile)
@@ -432,6 +363,11 @@ def _services_pass(inv: InventoryView, s: Settings, plan: PortPlan, hosts: list[
         hosts = [dataclasses.replace(h, instances=tuple(
             dataclasses.replace(i, kv_store=s.layout != "pd" or i.role in roles) for i in h.instances))
             for h in hosts]  # fmt: skip
+    # the ranges against every fixed port (Mooncake's engines listen in theirs on every instance's host)
+    store_range = str(s.store_values["pdinfra_kv_store_port_range"])
+    _check_ranges(ck, hosts, [("pdinfra_kv_port_range", plan.port_range, plan.kv, "UCX's TCP listeners")] + (
+        [("pdinfra_kv_store_port_range", store_range, m_store, "Mooncake's transfer engines")]
+        if s.store_on or s.mooncake_pd else []), monitoring, kv_store)  # fmt: skip
     if plan.kv and plan.ephemeral_range and plan.firewall:
         hosts = _firewalls(ck, hosts, [plan.kv, plan.ephemeral_range], plan.client_networks, plan.admin_networks,
                            monitoring, kv_store, m_store if s.mooncake_pd else None,

@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pdinfra.cluster import kvshape, profiles, schema
+from pdinfra.cluster import kvshape, models, profiles, schema
 from pdinfra.cluster.checker import Checker, check_block, host_value, role_value, show, suggest
-from pdinfra.cluster.expect import THRESHOLD_KEYS, Expect
+from pdinfra.cluster.expect import Expect
 from pdinfra.cluster.model import Instance, Model, Rail
 from pdinfra.cluster.price import Price
 from pdinfra.cluster.schema import PDINFRA
@@ -42,6 +42,23 @@ def _hardware(ck: Checker, hv: dict[str, Any], h: str, profile: str, in_cluster:
     return hardware, gpu
 
 
+def _gpu_host_pins(ck: Checker, hv: dict[str, Any], h: str, insts: list[Instance], gpu: bool,
+                   groups: tuple[str, ...]) -> None:  # fmt: skip
+    """A host that runs GPU instances names its hardware profile and (running the GPU host roles) its driver pin
+    itself or through a group: without them it is judged as a GPU server of unknown build and gets the role's default
+    driver. Usually a group renamed in hosts.yml, whose group_vars file no longer reaches the host."""
+    names = ", ".join(i.name for i in insts)
+    where = (f"it is in group(s) {', '.join(groups)} and none of their group_vars, nor its host_vars, sets it (a group "
+             "renamed in hosts.yml leaves its group_vars file behind)")  # fmt: skip
+    if hv.get("pdinfra_hardware") in (None, ""):
+        ck.add("pdinfra_hardware", f"is not set, but {h} runs GPU instances ({names}); {where}. Allowed: one of "
+               f"{', '.join(p for p, hw in profiles.PROFILES.items() if hw.gpu)}", h)  # fmt: skip
+    if gpu and hv.get("nvidia_driver_version") in (None, ""):
+        ck.add("nvidia_driver_version", f"is not set, but {h} runs GPU instances ({names}) and the nvidia_driver role "
+               f"would install its default {schema.role_var('nvidia_driver_version').default!r} there; {where}. "
+               'Allowed: the driver version the host is to run, such as "580.159.04"', h)  # fmt: skip
+
+
 def _price(ck: Checker, hv: dict[str, Any], h: str, hw: profiles.HardwareProfile, gpu: bool) -> Price | None:
     """The host's price: ``pdinfra_price`` (checked), else its hardware profile's indicative list price."""
     raw = host_value(ck, hv, h, "pdinfra_price")
@@ -58,29 +75,39 @@ def _price(ck: Checker, hv: dict[str, Any], h: str, hw: profiles.HardwareProfile
     return price
 
 
-def _model(ck: Checker, raw: Any, profile: str) -> tuple[Model | None, str, kvshape.KVShape | None]:
+def _model(ck: Checker, raw: Any, profile: str) -> tuple[Model | None, str, kvshape.KVShape | None,
+                                                        models.ModelFacts | None]:  # fmt: skip
+    """The model, its Hugging Face token, its KV shape and its facts (pdinfra.cluster.models: the catalog's entry for
+    its hf_id or shape, or its own config.json for controller_dir; None for a model known to neither)."""
     if raw is None:
         ck.add("pdinfra_model", "is required: a mapping with at least name and source (see docs/variables.md)")
-        return None, "", None
+        return None, "", None, None
     m = ck.mapping(PDINFRA["pdinfra_model"].fields, raw, "pdinfra_model", None)
     if "name" not in m:
-        return None, "", None
+        return None, "", None, None
     source = m.get("source", "node_path")
     name = str(m["name"])
     if not name.strip():
         ck.add("pdinfra_model.name", "is empty (the served model name)")
+    facts = None
     if source == "controller_dir":
         path = m.get("controller_path")
         if not path:
             ck.add("pdinfra_model.controller_path", "is required for source controller_dir")
         elif not (Path(str(path)) / "config.json").is_file():
             ck.add("pdinfra_model.controller_path", f"{path}/config.json does not exist on the controller")
+        else:
+            facts = models.from_dir(str(path))
     if source == "hf" and not m.get("hf_id"):
         ck.add("pdinfra_model.hf_id", "is required for source hf")
     if source == "tiny" and profile != "cpu":
         ck.add("pdinfra_model.source", "tiny is the CPU test model; on the gpu profile use hf, node_path or "
                "controller_dir")  # fmt: skip
+    by_id = models.by_hf_id(str(m["hf_id"])) if m.get("hf_id") else None
+    facts = models.CATALOG["tiny"] if source == "tiny" else facts or by_id
     shape_name = m.get("shape") or ("tiny" if source == "tiny" else None)
+    if shape_name is None and by_id is not None:
+        shape_name = by_id.shape  # the catalog knows the model by its id: its KV shape is not a guess
     shape = None
     if shape_name is not None:
         try:
@@ -89,12 +116,48 @@ def _model(ck: Checker, raw: Any, profile: str) -> tuple[Model | None, str, kvsh
             known = ", ".join(sorted(kvshape.PRESETS))
             hint = suggest(str(shape_name), list(kvshape.PRESETS))
             ck.add("pdinfra_model.shape", f"unknown model shape {shape_name!r}; known: {known}{hint}")
+    if shape is not None:
+        of_shape = models.by_shape(shape.name)
+        if facts is not None and facts.shape is not None and facts.shape != shape.name:
+            ck.add("pdinfra_model.shape", f"{shape.name!r} is the KV shape of {shape.hf_id}, but the model is "
+                   f"{facts.hf_id} (shape {facts.shape}): the KV predictions would describe another model; set "
+                   f"shape: {facts.shape} or leave it out")  # fmt: skip
+        elif facts is not None and facts.shape is None and (
+                (facts.num_layers, facts.num_kv_heads, facts.head_dim)
+                != (shape.num_layers, shape.num_kv_heads, shape.head_dim)):  # fmt: skip
+            ck.add("pdinfra_model.shape", f"{shape.name!r} has {shape.num_layers} layers, {shape.num_kv_heads} KV "
+                   f"heads of {shape.head_dim}, but {facts.source.split(',')[0]} says {facts.num_layers} layers, "
+                   f"{facts.num_kv_heads} KV heads of {facts.head_dim}: the KV predictions would describe another "
+                   "model; leave shape out")  # fmt: skip
+        facts = facts or of_shape
     model = Model(
         name=name, source=str(source), path=str(m.get("path") or f"/opt/pdinfra/models/{name}"),
         controller_path=str(m.get("controller_path", "")), hf_id=str(m.get("hf_id", "")),
         load_format=str(m.get("load_format", "auto")), shape=shape.name if shape else None,
+        catalog=None if facts is None else (facts.source.split(",")[0] if facts.shape is None else facts.name),
     )  # fmt: skip
-    return model, str(m.get("hf_token", "") or ""), shape
+    return model, str(m.get("hf_token", "") or ""), shape, facts
+
+
+def _model_limits(ck: Checker, facts: models.ModelFacts | None, max_model_len: int, explicit: bool,
+                  instances: list[Instance]) -> int:  # fmt: skip
+    """``pdinfra_max_model_len`` within the model's context (the default shortened to it, a value set above it
+    refused), and the chat template the smoke and most clients need. Returns the length to serve."""
+    if facts is None:
+        return max_model_len
+    if max_model_len > facts.context_length:
+        if not explicit:
+            return facts.context_length
+        ck.add("pdinfra_max_model_len", f"{max_model_len} is longer than {facts.hf_id}'s context of "
+               f"{facts.context_length} tokens (max_position_embeddings of its config.json): vLLM refuses to start; "
+               f"allowed: 16..{facts.context_length}")  # fmt: skip
+    if not facts.chat_template and not any(
+            str(a).split("=", 1)[0] == "--chat-template" for i in instances for a in i.extra_args):  # fmt: skip
+        ck.add("pdinfra_model", f"{facts.hf_id} has no chat template (no chat_template in its tokenizer_config.json, "
+               "no chat_template.jinja): /v1/chat/completions, which pdinfra smoke and most clients use, answers 400. "
+               "Serve a chat (instruct) model, or give every instance one with extra_args "
+               "[--chat-template, PATH]")  # fmt: skip
+    return max_model_len
 
 
 def _address(
@@ -180,13 +243,17 @@ def _rails(ck: Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProf
             ck.add(f"{where}.address", f"{ip} is also a rail address of {seen[ip]} (copied host_vars?)", host)
         seen[ip] = host
         rails.append(Rail(netdev, str(nic.get("rdma_dev", "")), address, mtu, hw.rail_speed_mbps))
+    if hw.rail_count and 0 < len(nics) != hw.rail_count:
+        ck.add("rdma_roce_nics", f"{len(nics)} rails declared, but a {hw.name} host has {hw.rail_count} (one per GPU): "
+               "the rails left out would carry no address and no check would look at them; allowed: "
+               f"{hw.rail_count} rails, or none", host)  # fmt: skip
     return rails
 
 
 def _instances(
     ck: Checker, hv: dict[str, Any], host: str, addr: str | None, profile: str, block: int, dtype: str,
     model: Model | None, shape: kvshape.KVShape | None, gpu_count: int | None, hardware: str, layout: str,
-    connector: str,
+    connector: str, facts: models.ModelFacts | None = None,
 ) -> list[Instance]:  # fmt: skip
     raw = hv.get("pdinfra_instances", [])
     if raw is None:
@@ -213,10 +280,9 @@ def _instances(
         if "block_size" in v:
             check_block(ck, f"{var}.block_size", iblock, profile, host)
         gpus = _instance_gpus(ck, item.get("gpus"), var, host, profile, tp, gpu_count, hardware)
-        if shape is not None:
-            why = kvshape.tp_problem(shape, tp)
-            if why:
-                ck.add(f"{var}.tensor_parallel_size", why, host)
+        why = kvshape.tp_problem(shape, tp) if shape is not None else models.tp_problem(facts, tp) if facts else None
+        if why:
+            ck.add(f"{var}.tensor_parallel_size", why, host)
         if len(ck.problems) > before or not {"name", "role", "port", "side_channel_port"} <= set(v) or model is None:
             continue
         idtype = str(v.get("dtype", dtype))
@@ -273,13 +339,14 @@ def _instance_gpus(ck: Checker, raw_gpus: Any, var: str, host: str, profile: str
                    "(CUDA_VISIBLE_DEVICES)", host)  # fmt: skip
         elif gpus and len(gpus) != tp:
             ck.add(f"{var}.gpus", f"{len(gpus)} GPUs listed but tensor_parallel_size is {tp}", host)
-        if gpu_count and gpus and max(gpus) >= gpu_count:
+        if gpu_count is not None and gpus and max(gpus) >= gpu_count:
             ck.add(f"{var}.gpus", f"GPU {max(gpus)} does not exist on a {hardware} host with {gpu_count} GPUs "
                    f"(GPUs 0..{gpu_count - 1}; indexes are 0-based)", host)  # fmt: skip
     return gpus
 
 
-def _check_ports(ck: Checker, hv: dict[str, Any], host: str, instances: list[Instance], is_router: bool) -> None:
+def _check_ports(ck: Checker, hv: dict[str, Any], host: str, instances: list[Instance], is_router: bool,
+                 notify_port: int = 0) -> None:  # fmt: skip
     used: dict[int, str] = {}
 
     def claim(port: int, what: str, variable: str) -> None:
@@ -298,6 +365,9 @@ def _check_ports(ck: Checker, hv: dict[str, Any], host: str, instances: list[Ins
         bp = role_value(hv, "pd_router_backend_port")
         if str(bp).isdigit():
             claim(int(bp), "pd_router_backend_port (vllm-router behind the gateway)", "pd_router_backend_port")
+        if notify_port:
+            claim(notify_port, "pdinfra_lmcache_notify_port (the LMCache proxy's notifications)",
+                  "pdinfra_lmcache_notify_port")
     for inst in instances:
         claim(inst.port, f"{inst.var}.port ({inst.name} HTTP)", f"{inst.var}.port")
         # vLLM uses base + dp_rank (older builds base + tp_rank): keep a range per instance.
@@ -359,19 +429,16 @@ def _expect(
         if not isinstance(override, dict):
             ck.add("pdinfra_expect", f"must be a mapping of expectation keys, not {show(override)}", host)
         else:
+            fields_ = {f.name: f for f in schema.EXPECT_FIELDS}
             for k, v in override.items():
                 if k not in EXPECT_KEYS:
                     ck.add(f"pdinfra_expect.{k}", f"unknown expectation; known: {', '.join(EXPECT_KEYS)}"
                            f"{suggest(str(k), list(EXPECT_KEYS))}", host)  # fmt: skip
                     continue
-                # Ansible templating gives strings: a quoted number is the number it spells
-                if (
-                    k in ("gpu_count", "nvlinks_per_gpu", "pd_hosts", *THRESHOLD_KEYS)
-                    and isinstance(v, str)
-                    and v.strip().isdigit()
-                ):
-                    v = int(v)
-                expect[k] = v
+                # the schema's strict types: the validator reads expect.json as written, so "8" is not 8
+                typed = ck.value(fields_[k], v, f"pdinfra_expect.{k}", host) if v is not None else None
+                if typed is not None or v is None:
+                    expect[k] = typed
     try:
         Expect.from_dict(expect)
     except (TypeError, ValueError) as exc:

@@ -126,13 +126,49 @@ def _lmcache_ports(ck: Checker, hosts: list[Host]) -> tuple[list[Host], list[Ins
     return out, insts
 
 
+def _check_ranges(ck: Checker, hosts: list[Host], ranges: list[tuple[str, str, tuple[int, int] | None, str]],
+                  monitoring: Monitoring | None, kv_store: KVStore | None) -> None:  # fmt: skip
+    """A port range (UCX's listeners, Mooncake's engines: (variable, text, bounds, whose)) must hold none of the fixed
+    ports of a host with instances, whether a firewall is rendered or not: the range's listeners would take them."""
+    for h in hosts:
+        if not h.in_cluster or not h.instances:
+            continue
+        used = fixed_ports(h, monitoring, kv_store)
+        for var, text, rng, whose in ranges:
+            if rng is None:
+                continue
+            clash = sorted(p for p in used if rng[0] <= p <= rng[1])
+            if clash:
+                ck.add(var, f"{text} holds port(s) {', '.join(f'{p} ({used[p]})' for p in clash)}: {whose} would "
+                       "take them; choose a range apart from the services' ports", h.name)  # fmt: skip
+
+
 def _serving_ports(h: Host) -> dict[int, str]:
     """port -> what uses it, of a host's instances (every TP rank's side channel) and router."""
     used = {i.port: f"instance {i.name}" for i in h.instances}
     used.update({i.side_channel_port + r: f"{i.name}'s side channel" for i in h.instances for r in range(i.tp)})
     used.update({p: f"{i.name}'s LMCache alloc port" for i in h.instances for p in i.lmcache_alloc_ports})
     if h.router is not None:
-        used.update({h.router.port: "the router", h.router.metrics_port: "the router's metrics"})
+        used.update({h.router.port: "the router", h.router.metrics_port: "the router's metrics",
+                     h.router.backend_port: "vllm-router behind the gateway (pd_router_backend_port)"})
+        if h.router.lmcache_notify_port:
+            used[h.router.lmcache_notify_port] = "the LMCache proxy's notifications (pdinfra_lmcache_notify_port)"
+    return used
+
+
+def fixed_ports(h: Host, monitoring: Monitoring | None, kv_store: KVStore | None) -> dict[int, str]:
+    """The port plan of one host: every port a pdinfra service listens on there (instances, side channels, the
+    router's, Prometheus, the exporters, the store master's), port -> what uses it."""
+    used = _serving_ports(h)
+    if monitoring is not None:
+        used.setdefault(monitoring.node_exporter_port, "the node exporter (pdinfra_node_exporter_port)")
+        if monitoring.host == h.name:
+            used.setdefault(monitoring.prometheus_port, "Prometheus (pdinfra_prometheus_port)")
+        if h.address and f"{h.address}:{monitoring.dcgm_exporter_port}" in monitoring.targets.get("dcgm", ()):
+            used.setdefault(monitoring.dcgm_exporter_port, "dcgm-exporter (pdinfra_dcgm_exporter_port)")
+    if kv_store is not None and kv_store.host == h.name:
+        used.setdefault(kv_store.port, "the Mooncake master (pdinfra_kv_store_port)")
+        used.setdefault(kv_store.metrics_port, "the Mooncake master's metrics (pdinfra_kv_store_metrics_port)")
     return used
 
 
@@ -192,11 +228,7 @@ def _kv_store(ck: Checker, hosts: list[Host], routers: list[Router], monitoring:
         return None
     port = int(values["pdinfra_kv_store_port"])
     metrics = int(values["pdinfra_kv_store_metrics_port"])
-    used = _serving_ports(host)
-    if monitoring is not None:
-        used[monitoring.node_exporter_port] = "the node exporter"
-        if monitoring.host == host.name:
-            used[monitoring.prometheus_port] = "Prometheus"
+    used = fixed_ports(host, monitoring, None)
     for p, var in ((port, "pdinfra_kv_store_port"), (metrics, "pdinfra_kv_store_metrics_port")):
         if p in used:
             ck.add(var, f"port {p} is already used by {used[p]}", host.name)
@@ -231,7 +263,6 @@ def _firewalls(
     with pyzmq's ``bind_to_random_port`` without a range, so the kernel picks a port of ip_local_port_range, which
     the ephemeral range already opens to peers.)"""
     peers = tuple(dict.fromkeys(h.address for h in hosts if h.in_cluster and h.address))
-    kv = ranges[0]
     out = []
     for h in hosts:
         if not h.in_cluster or not h.address:
@@ -261,10 +292,6 @@ def _firewalls(
             spans.append((int(client_ports[1]), int(client_ports[2])))  # a malformed range is reported already
         if mooncake is not None and h.instances:
             spans.append(mooncake)
-        for lo, hi in spans:
-            if kv[0] <= hi and lo <= kv[1]:
-                ck.add("pdinfra_kv_port_range", f"{kv[0]}-{kv[1]} contains port {lo} of this host's services; "
-                       "choose a range apart from instance, side-channel and router ports", h.name)  # fmt: skip
         merged: list[list[int]] = []
         for lo, hi in sorted(spans + ranges):  # nftables refuses overlapping elements: merge them
             if merged and lo <= merged[-1][1] + 1:

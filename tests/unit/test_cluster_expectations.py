@@ -70,7 +70,7 @@ def test_good_hgx_host_has_no_failure_under_the_model_expectations(expect):
 
 def test_the_hgx_profile_expects_ecc_and_health_thresholds_can_be_overridden():
     hv, groups = _inventory()
-    hv["hgx-h100-01"]["pdinfra_expect"] = {"nvlink_replay_max": "500", "rdma_link_downed_max": 3}  # Ansible: strings
+    hv["hgx-h100-01"]["pdinfra_expect"] = {"nvlink_replay_max": 500, "rdma_link_downed_max": 3}
     res = resolve(hv, groups)
     assert res.ok, res.problems
     data = res.cluster.host("hgx-h100-01").expect

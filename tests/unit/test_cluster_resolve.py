@@ -108,7 +108,8 @@ def test_local_profile_resolves_with_every_default_applied():
     assert res.ok, res.problems
     c = res.cluster
     assert (c.profile, c.connector, c.layout, c.block_size, c.dtype) == ("cpu", "nixl", "pd", 32, "bfloat16")
-    assert c.max_model_len == 8192 and c.kv_lease_duration == 120 and c.venv == "/opt/pdinfra/venv"
+    # the default 8192, shortened to the tiny model's context (pdinfra.cluster.models)
+    assert c.max_model_len == 4096 and c.kv_lease_duration == 120 and c.venv == "/opt/pdinfra/venv"
     p, d = c.by_role("prefill")[0], c.by_role("decode")[0]
     assert p.url == "http://198.18.0.11:8100" and p.side_channel_host == "198.18.0.11" and p.kv_role == "kv_producer"
     assert (
@@ -425,7 +426,7 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("bad dtype", CPU, _set_all("pdinfra_dtype", "fp64"), "pdinfra_dtype: must be one of auto, bfloat16, float16, float32, not 'fp64'"),
     ("block size not a power of two", CPU, _set_all("pdinfra_block_size", 48), "pdinfra_block_size: must be a power of two"),
     ("block size 16 on cpu", CPU, _set_all("pdinfra_block_size", 16), "pdinfra_block_size: 16: vLLM's CPU attention backend needs a multiple of 32"),
-    ("block size text", CPU, _set_all("pdinfra_block_size", "big"), "pdinfra_block_size: must be an integer, not 'big'"),
+    ("block size text", CPU, _set_all("pdinfra_block_size", "big"), "pdinfra_block_size: must be an integer in 1..1024, not 'big'"),
     ("block size zero", CPU, _set_all("pdinfra_block_size", 0), "pdinfra_block_size: must be an integer in 1..1024, not 0"),
     ("max model len zero", CPU, _set_all("pdinfra_max_model_len", 0), "pdinfra_max_model_len: must be an integer in 16..10000000, not 0"),
     ("lease negative", CPU, _set_all("pdinfra_kv_lease_duration", -1), "pdinfra_kv_lease_duration: must be an integer in 1..86400, not -1"),
@@ -459,7 +460,7 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("kv port range reversed", CPU, _set_all("pdinfra_kv_port_range", "30000-20000"), "pdinfra_kv_port_range: '30000-20000' must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535"),
     ("kv port range inside the ephemeral ports", CPU, _set_all("pdinfra_kv_port_range", "40000-40999"), "pdinfra_kv_port_range: 40000-40999 overlaps pdinfra_firewall_ephemeral_ports 32768-60999"),
     ("ephemeral ports malformed", CPU, _set_all("pdinfra_firewall_ephemeral_ports", "32768:60999"), "pdinfra_firewall_ephemeral_ports: '32768:60999' must be LOW-HIGH"),
-    ("kv port range over instance ports", CPU, _set_all("pdinfra_kv_port_range", "8000-8999"), "host node1: pdinfra_kv_port_range: 8000-8999 contains port 8100 of this host's services"),
+    ("kv port range over instance ports", CPU, _set_all("pdinfra_kv_port_range", "8000-8999"), "host node1: pdinfra_kv_port_range: 8000-8999 holds port(s) 8000 (the router), 8100 (instance prefill0): UCX's TCP listeners would take them"),
     ("misspelt pdinfra variable", CPU, _host("node1", "pdinfra_blocksize", 64), "host node1: pdinfra_blocksize: unknown variable (did you mean pdinfra_block_size?)"),
     ("unknown pdinfra variable", CPU, _host("node2", "pdinfra_frobnicate", 1), "host node2: pdinfra_frobnicate: unknown variable"),
     ("misspelt role variable", CPU, _host("node1", "rdma_roce_mut", 9000), "host node1: rdma_roce_mut: unknown variable of role rdma_roce (did you mean rdma_roce_mtu?)"),
@@ -494,7 +495,7 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("instance without name", CPU, _drop_inst("node1", "name"), "host node1: pdinfra_instances[0].name: is required"),
     ("instance bad role", CPU, _inst("node1", "role", "prefil"), "host node1: pdinfra_instances[0].role: must be one of prefill, decode, not 'prefil' (did you mean prefill?)"),
     ("instance port out of range", CPU, _inst("node1", "port", 70000), "host node1: pdinfra_instances[0].port: must be a port number in 1..65535, not 70000"),
-    ("instance port text", CPU, _inst("node1", "port", "http"), "host node1: pdinfra_instances[0].port: must be an integer, not 'http'"),
+    ("instance port text", CPU, _inst("node1", "port", "http"), "host node1: pdinfra_instances[0].port: must be a port number in 1..65535, not 'http'"),
     ("instance unknown key", CPU, _inst("node1", "tp", 2), "host node1: pdinfra_instances[0].tp: unknown key"),
     ("instance bad block size", CPU, _inst("node2", "block_size", 24), "host node2: pdinfra_instances[0].block_size: must be a power of two"),
     ("instance tp zero", CPU, _inst("node1", "tensor_parallel_size", 0), "host node1: pdinfra_instances[0].tensor_parallel_size: must be an integer in 1..64, not 0"),
@@ -528,11 +529,11 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("unknown hardware profile", GPU, _host("gpu1", "pdinfra_hardware", "hgx-h100"), "host gpu1: pdinfra_hardware: unknown hardware profile 'hgx-h100'"),
     ("cpu hardware on gpu profile", GPU, _host("gpu1", "pdinfra_hardware", "cpu-node"), "host gpu1: pdinfra_hardware: cpu-node is a CPU profile but pdinfra_profile is gpu"),
     ("unknown expectation", GPU, _host("gpu1", "pdinfra_expect", {"gpus": 8}), "host gpu1: pdinfra_expect.gpus: unknown expectation"),
-    ("expectation wrong type", GPU, _host("gpu1", "pdinfra_expect", {"nvlinks_per_gpu": "many"}), "host gpu1: pdinfra_expect: nvlinks_per_gpu must be an integer >= 0, not 'many'"),
-    ("expectation bad kernel", GPU, _host("gpu1", "pdinfra_expect", {"min_kernel": "abc"}), "host gpu1: pdinfra_expect: min_kernel must be a kernel version such as '5.12', not 'abc'"),
-    ("expectation kernel as a YAML float", GPU, _host("gpu1", "pdinfra_expect", {"min_kernel": 5.15}), "host gpu1: pdinfra_expect: min_kernel must be a kernel version such as '5.12', not 5.15"),
+    ("expectation wrong type", GPU, _host("gpu1", "pdinfra_expect", {"nvlinks_per_gpu": "many"}), "host gpu1: pdinfra_expect.nvlinks_per_gpu: must be an integer in 0..64, not 'many'"),
+    ("expectation bad kernel", GPU, _host("gpu1", "pdinfra_expect", {"min_kernel": "abc"}), "host gpu1: pdinfra_expect.min_kernel: must be a kernel version such as '5.12', not 'abc'"),
+    ("expectation kernel as a YAML float", GPU, _host("gpu1", "pdinfra_expect", {"min_kernel": 5.15}), "host gpu1: pdinfra_expect.min_kernel: must be a kernel version such as '5.12' (a quoted string), not 5.15 (float)"),
     ("expectation QoS unknown key", GPU, _host("gpu1", "pdinfra_expect", {"roce_qos": {"pfc": 3}}), "host gpu1: pdinfra_expect: roce_qos must be a mapping of"),
-    ("expectation rails as a string", GPU, _host("gpu1", "pdinfra_expect", {"rdma": "ens1"}), "host gpu1: pdinfra_expect: rdma must be a list of rails, not 'ens1'"),
+    ("expectation rails as a string", GPU, _host("gpu1", "pdinfra_expect", {"rdma": "ens1"}), "host gpu1: pdinfra_expect.rdma: must be a list, not 'ens1' (str)"),
     ("gpus beyond an overridden count", GPU, lambda hv: (hv["gpu2"].update(pdinfra_hardware="gpu-generic", pdinfra_expect={"gpu_count": 2}), hv["gpu2"]["pdinfra_instances"][0].update(gpus=[5], tensor_parallel_size=1)), "host gpu2: pdinfra_instances[0].gpus: GPU 5 does not exist on a gpu-generic host with 2 GPUs"),
     ("IPv6 serving address", CPU, _host("node1", "pdinfra_address", "fd00::11/64"), "host node1: pdinfra_address: fd00::11/64 is IPv6"),
     ("pdinfra_gpu not a bool", GPU, _host("gpu1", "pdinfra_gpu", "maybe"), "host gpu1: pdinfra_gpu: must be true or false, not 'maybe'"),
@@ -558,7 +559,7 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("driver source unknown", GPU, _set_all("nvidia_driver_source", "runfile"), "host gpu1: nvidia_driver_source: value of nvidia_driver_source must be one of"),
     ("secure boot policy unknown", GPU, _set_all("nvidia_driver_secure_boot", "ignore"), "host gpu1: nvidia_driver_secure_boot: value of nvidia_driver_secure_boot must be one of"),
     ("router policy unknown", CPU, _host("node1", "pd_router_prefill_policy", "least_loaded"), "host node1: pd_router_prefill_policy: value of pd_router_prefill_policy must be one of"),
-    ("router timeout zero", CPU, _host("node1", "pd_router_request_timeout_s", 0), "host node1: pd_router_request_timeout_s: must be in 1..86400, not 0"),
+    ("router timeout zero", CPU, _host("node1", "pd_router_request_timeout_s", 0), "host node1: pd_router_request_timeout_s: must be in 1..86400 seconds, not 0"),
     ("preflight disk list wrong", CPU, _host("node1", "preflight_disk_requirements", [{"path": "/opt"}]), "host node1: preflight_disk_requirements: missing required arguments: min_free_gib"),
     ("runtime install_from unknown", CPU, _host("node1", "pd_runtime_install_from", "conda"), "host node1: pd_runtime_install_from: value of pd_runtime_install_from must be one of"),
     # names, strings and paths the units and files take as they are (issue 24)
@@ -586,7 +587,7 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("mooncake range over the side channels", CPU, _set_all_many(pdinfra_connector="mooncake", pdinfra_kv_store_port_range="5000-5700"), "pdinfra_kv_store_port_range: 5000-5700 holds port(s) 5600"),
     ("store over RDMA on cpu hosts", CPU, _set_all_many(pdinfra_kv_store=True, pdinfra_kv_store_protocol="rdma"), "pdinfra_kv_store_protocol: rdma on the cpu profile: the hosts have no RDMA rails (rdma_roce_nics); use tcp"),
     ("store port range with a colon", CPU, _set_all_many(pdinfra_kv_store=True, pdinfra_kv_store_port_range="15000:16999"), "pdinfra_kv_store_port_range: '15000:16999' must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535 (e.g. 15000-16999)"),
-    ("expectation not a number", GPU, _host("gpu1", "pdinfra_expect", {"gpu_count": "eight"}), "host gpu1: pdinfra_expect: gpu_count must be an integer >= 0, not 'eight'"),
+    ("expectation not a number", GPU, _host("gpu1", "pdinfra_expect", {"gpu_count": "eight"}), "host gpu1: pdinfra_expect.gpu_count: must be an integer in 0..64, not 'eight'"),
     # extra_args that override what pdinfra manages
     ("extra_args sets --port", CPU, _inst("node1", "extra_args", ["--port", "9999"]), "host node1: pdinfra_instances[0].extra_args: --port is set by pdinfra from pdinfra_instances[].port: set that instead"),
     ("extra_args sets --kv-transfer-config", CPU, _inst("node1", "extra_args", ["--kv-transfer-config={}"]), "pdinfra_instances[0].extra_args: --kv-transfer-config is set by pdinfra from pdinfra_connector and pdinfra_layout"),
@@ -613,8 +614,8 @@ BAD: list[tuple[str, Any, Any, str]] = [
     ("firewall off on one host only", CPU, _host("node1", "pdinfra_firewall", False), "pdinfra_firewall: is set to False on node1 only (node2 would run with True)"),
     ("UCX range on one host only", CPU, _host("node1", "pdinfra_kv_port_range", "21000-21999"), "pdinfra_kv_port_range: is set to '21000-21999' on node1 only"),
     ("Mooncake PD over RDMA on cpu hosts", CPU, _set_all_many(pdinfra_connector="mooncake", pdinfra_kv_store_protocol="rdma"), "pdinfra_kv_store_protocol: rdma on the cpu profile"),
-    ("expectation fabric yes", GPU, _host("gpu1", "pdinfra_expect", {"fabric": "yes"}), "host gpu1: pdinfra_expect: fabric must be true or false, not 'yes'"),
-    ("expectation negative count as text", GPU, _host("gpu1", "pdinfra_expect", {"gpu_count": "-1"}), "host gpu1: pdinfra_expect: gpu_count must be an integer >= 0, not '-1'"),
+    ("expectation fabric yes", GPU, _host("gpu1", "pdinfra_expect", {"fabric": "yes"}), "host gpu1: pdinfra_expect.fabric: must be true or false (unquoted), not 'yes'"),
+    ("expectation negative count as text", GPU, _host("gpu1", "pdinfra_expect", {"gpu_count": "-1"}), "host gpu1: pdinfra_expect.gpu_count: must be an integer in 0..64, not the string '-1'"),
     ("fabricmanager 1", GPU, _set_all("nvidia_driver_fabricmanager", 1), "host gpu1: nvidia_driver_fabricmanager: must be auto, true or false, not 1"),
     # SLO
     ("SLO unknown key", CPU, _set_all("pdinfra_slo", {"ttft": 2000}), "pdinfra_slo: unknown keys ttft"),
@@ -628,10 +629,16 @@ def test_at_least_sixty_distinct_mistakes_are_covered():
     assert len(BAD) >= 110 and len({c[0] for c in BAD}) == len(BAD)
 
 
-def test_a_quoted_number_in_an_expectation_is_the_number():
-    """Ansible templating hands over strings: pdinfra_expect {gpu_count: "8"} means 8 (it crashed resolve before)."""
+def test_a_quoted_number_in_an_expectation_is_refused_with_a_word():
+    """pdinfra_expect reaches expect.json as written and the validator reads it as typed JSON: {gpu_count: "8"} is
+    refused, saying how to write it (it crashed resolve once, then was taken without a word: issue 40). A templated
+    number arrives as a number (Ansible's templating turns "{{ 8 }}" into 8)."""
     hv = copy.deepcopy(GPU)
     hv["gpu1"]["pdinfra_expect"] = {"gpu_count": "8"}
+    assert [str(p) for p in R.resolve(hv, copy.deepcopy(GPU_GROUPS)).problems] == [
+        "host gpu1: pdinfra_expect.gpu_count: must be an integer in 0..64, not the string '8': the validator reads it "
+        "as written; write 8 without quotes"]
+    hv["gpu1"]["pdinfra_expect"] = {"gpu_count": 8}
     res = R.resolve(hv, copy.deepcopy(GPU_GROUPS))
     assert res.ok, res.problems
     assert res.cluster.host("gpu1").expect["gpu_count"] == 8

@@ -1,12 +1,15 @@
 """Wrong values are refused, naming the variable, and nothing an inventory holds makes resolve() crash.
 
-- Refusal: every variable an operator can set (pdinfra's own, the model's and an instance's fields, the roles'
-  variables) gets each value its type rules out, on every host (an instance field: on the last instance of the
-  last host), and resolve must refuse it with a problem that names the variable. A role variable's type is what
-  Ansible's role argument validation accepts: it converts 12 to "12" and "a,b" to a list, so those are not wrong;
-  a mapping for a string or a list, a list for a string, true for a number and a relative path are.
-- No crash: Hypothesis generates wrong types and edge values for the same variables, on any host and instance;
-  they end as problems or resolve, never as an exception.
+- Refusal: every variable an operator can set (pdinfra's own, the model's and an instance's fields, the keys of
+  pdinfra_expect, the roles' variables) gets each value its type rules out, on every host (an instance field: on
+  the last instance of the last host), and resolve must refuse it with a problem that names the variable. A role
+  variable's type is what Ansible's role argument validation accepts: it converts 12 to "12" and "a,b" to a list,
+  so those are not wrong; a mapping for a string or a list, a list for a string, true for a number and a relative
+  path are. Beyond its type, each role variable with a rule in schema.ROLE_RULES gets the values its unit, range
+  or format rules out: a duration without a unit, a percentage for a fraction, seconds written with a unit, a value
+  past either end of its range, a string outside its format.
+- No crash: Hypothesis generates wrong types and edge values for the same variables (the roles' and the
+  expectations' too), on any host and instance; they end as problems or resolve, never as an exception.
 
 The inventories are the local CPU one and the HGX GPU one of test_cluster_resolve.
 """
@@ -37,6 +40,7 @@ VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=
 PDINFRA_NAMES = sorted(schema.PDINFRA)
 MODEL_KEYS = [f.name for f in schema.MODEL_FIELDS]
 INSTANCE_KEYS = [f.name for f in schema.INSTANCE_FIELDS]
+EXPECT_KEYS = [f.name for f in schema.EXPECT_FIELDS]
 ROLE_NAMES = sorted({name for rs in schema.role_schemas().values() for name in rs.variables})
 
 
@@ -94,6 +98,29 @@ def test_any_value_of_a_role_variable(name: str, value: Any, gpu: bool) -> None:
     _resolve(base, groups, mutate)
 
 
+@FUZZ
+@given(key=st.sampled_from(EXPECT_KEYS), value=VALUES, gpu=st.booleans(), pick=st.integers(0, 1))
+def test_any_value_of_an_expectation(key: str, value: Any, gpu: bool, pick: int) -> None:
+    base, groups = (GPU, GPU_GROUPS) if gpu else (CPU, GROUPS)
+
+    def mutate(hv):
+        list(hv.values())[pick]["pdinfra_expect"] = {key: copy.deepcopy(value)}
+
+    _resolve(base, groups, mutate)
+
+
+@FUZZ
+@given(name=st.sampled_from(sorted(schema.ROLE_RULES)), value=VALUES, gpu=st.booleans(), pick=st.integers(0, 1))
+def test_any_value_of_a_role_variable_with_a_rule_on_one_host(name: str, value: Any, gpu: bool, pick: int) -> None:
+    """The rules' own checks (units, fractions, against the rails and the scrape interval) on one host's value."""
+    base, groups = (GPU, GPU_GROUPS) if gpu else (CPU, GROUPS)
+
+    def mutate(hv):
+        list(hv.values())[pick][name] = copy.deepcopy(value)
+
+    _resolve(base, groups, mutate)
+
+
 def test_an_unexpected_exception_is_a_problem_not_a_traceback(monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("boom")
@@ -119,6 +146,31 @@ ROLE_WRONG = {
 }  # fmt: skip
 
 
+# Values a strict expectation key rules out (the validator reads them as typed JSON: a quoted number is refused).
+EXPECT_WRONG = {
+    "int": ["8", "eight", True, -1, [1]], "bool": ["yes", 1, [True]], "str": [5, [1]], "list": ["x", 3],
+    "dict": ["x", [1]], "raw": ["four"],
+}  # fmt: skip
+
+
+def _rule_wrong(rule: schema.Rule) -> list[Any]:
+    """Values a role variable's rule rules out beyond its type."""
+    if rule.unit == "duration":
+        return [30, "30", "5 minutes"]
+    if rule.unit == "fraction":
+        return [90, "90%", -0.5]
+    if rule.pattern is not None:
+        return ["not valid at all!"]
+    out: list[Any] = []
+    if rule.max is not None:
+        out.append(int(rule.max) + 1)
+    if rule.min is not None:
+        out.append(int(rule.min) - 1)
+    if rule.unit in ("s", "ms", "us"):
+        out.append("30s")
+    return out
+
+
 def _cases() -> list[tuple[str, str, str, Any]]:
     """(kind, variable, type, wrong value) for every operator-settable variable and every value its type rules out."""
     out = [("pdinfra", n, schema.PDINFRA[n].type, v) for n in PDINFRA_NAMES
@@ -128,6 +180,9 @@ def _cases() -> list[tuple[str, str, str, Any]]:
     role_vars = {n: rv for rs in schema.role_schemas().values() for n, rv in rs.variables.items()}
     out += [("role", n, role_vars[n].type, v) for n in ROLE_NAMES if n not in schema.DERIVED_ROLE_VARS
             for v in ROLE_WRONG.get(role_vars[n].type, [])]  # fmt: skip
+    out += [("rule", n, role_vars[n].type, v) for n, rule in sorted(schema.ROLE_RULES.items())
+            for v in _rule_wrong(rule)]  # fmt: skip
+    out += [("expect", f.name, f.type, v) for f in schema.EXPECT_FIELDS for v in EXPECT_WRONG[f.type]]
     return out
 
 
@@ -139,8 +194,9 @@ def test_the_refusal_cases_reach_every_operator_settable_variable():
     variables that pdinfra derives from the cluster model (set by the operator, they are refused as such)."""
     reached = {(k, n) for k, n, _, _ in CASES}
     settable = ({("pdinfra", n) for n in PDINFRA_NAMES} | {("model", k) for k in MODEL_KEYS}
-                | {("instance", k) for k in INSTANCE_KEYS}
-                | {("role", n) for n in ROLE_NAMES if n not in schema.DERIVED_ROLE_VARS})  # fmt: skip
+                | {("instance", k) for k in INSTANCE_KEYS} | {("expect", k) for k in EXPECT_KEYS}
+                | {("role", n) for n in ROLE_NAMES if n not in schema.DERIVED_ROLE_VARS}
+                | {("rule", n) for n in schema.ROLE_RULES})  # fmt: skip
     unreached = sorted(settable - reached)
     types = {schema.PDINFRA[n].type for k, n in unreached if k == "pdinfra"}
     assert not unreached, f"no wrong value for these variables (types {types}): {unreached}"
@@ -159,6 +215,9 @@ def test_every_wrong_value_is_refused_naming_the_variable(kind: str, name: str, 
         elif kind == "instance":
             last = [h for h in hv.values() if h.get("pdinfra_instances")][-1]
             last["pdinfra_instances"][-1][name] = copy.deepcopy(value)
+        elif kind == "expect":
+            for h in hv.values():
+                h["pdinfra_expect"] = {name: copy.deepcopy(value)}
         else:
             for h in hv.values():
                 h[name] = copy.deepcopy(value)
