@@ -73,6 +73,12 @@ PLAY = """
         dest: "{out}/{{{{ inventory_hostname }}}}-gateway.json"
         mode: "0644"
       when: pdinfra_node.router is not none
+    - name: The gateway's unit
+      ansible.builtin.template:
+        src: "{repo}/roles/pd_router/templates/pdinfra-gateway.service.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-gateway.service"
+        mode: "0644"
+      when: pdinfra_node.router is not none
 """
 
 

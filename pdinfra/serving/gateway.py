@@ -28,6 +28,8 @@ And what no router pdinfra uses does:
 - ``/metrics``: Prometheus text (requests by route, migrations, broken streams, readiness, instances up).
 
 Run: ``python -m pdinfra.serving.gateway --config /etc/pdinfra/gateway.json`` (written by the pd_router role).
+The client API key is ``OPENAI_API_KEY`` from the environment (``/etc/pdinfra/router.env``, root-only, read by
+systemd), so no configuration file the service user can read holds it; ``api_key`` in the JSON overrides it.
 Tests: ``tests/unit/test_gateway.py`` (fakes that speak vLLM's streaming with token IDs), the e2e fault tests in
 ``tests/e2e/test_reliability.py`` (a decode killed under 6 streams) on the local cluster.
 """
@@ -39,6 +41,7 @@ import asyncio
 import hmac
 import itertools
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -92,7 +95,7 @@ class Config:
         cfg = cls(host=str(d["host"]), port=int(d["port"]), router=str(d["router"]).rstrip("/"),
                   decode=tuple(u.rstrip("/") for u in decode),
                   prefill=tuple(u.rstrip("/") for u in d.get("prefill") or ()), layout=d.get("layout", "pd"),
-                  api_key=str(d.get("api_key", "")), request_timeout_s=float(d.get("request_timeout_s", 300)),
+                  api_key=str(d.get("api_key", os.environ.get("OPENAI_API_KEY", ""))), request_timeout_s=float(d.get("request_timeout_s", 300)),
                   degraded_fallback=bool(d.get("degraded_fallback", True)),
                   degraded_on_500=bool(d.get("degraded_on_500", True)),
                   degraded_fail_timeout_s=float(d.get("degraded_fail_timeout_s", 2)),

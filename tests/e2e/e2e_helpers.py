@@ -371,6 +371,12 @@ def sockets(host, log: str) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def gateway_listener(node: str, local: str) -> bool:
+    """The API gateway's client port on the router node: it serves clients on pd_router_bind (0.0.0.0 by default;
+    the firewall admits pdinfra_client_networks), as nginx did before it."""
+    return node == "node1" and local.rsplit(":", 1)[1] == "8000"
+
+
 def endpoint_ip(endpoint: str) -> ipaddress.IPv4Address | None:
     """The IPv4 address of "a.b.c.d:port" or "[::ffff:a.b.c.d]:port"; None for a wildcard or anything else."""
     host = endpoint.rsplit(":", 1)[0].strip("[]")

@@ -34,8 +34,8 @@ def test_up_ends_with_a_passing_smoke_summary(cluster):
     assert "pdinfra smoke: router" in text
     summary = text[text.rindex("pdinfra smoke: router") :]  # the last table: the one `pdinfra up` ends with
     verdicts = re.findall(r"│ (PASS|FAIL)\s+│", summary)
-    # completion, streaming, KV moved, greedy equality, chat, logprobs
-    assert verdicts == ["PASS"] * 6, summary[-3000:]
+    # completion, streaming, KV moved, greedy equality, chat, logprobs, KV integrity over every P->D pair
+    assert verdicts == ["PASS"] * 7, summary[-3000:]
     assert "pdinfra up: done in" in summary
 
 

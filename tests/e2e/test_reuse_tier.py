@@ -31,6 +31,7 @@ from e2e_helpers import (
     conformance,
     conformance_counts,
     endpoint_ip,
+    gateway_listener,
     healthy,
     on,
     sockets,
@@ -126,7 +127,7 @@ def test_mooncake_traffic_stays_on_the_test_hosts_addresses(tier):
     for name, socks in rows.items():
         for state, local, peer, proc in socks:
             if state == "LISTEN":
-                if endpoint_ip(local) is None and proc not in ("sshd", "nginx"):
+                if endpoint_ip(local) is None and proc != "sshd" and not gateway_listener(name, local):
                     wildcard.append((name, int(local.rsplit(":", 1)[1]), proc))
                 continue
             if state != "ESTAB":

@@ -26,6 +26,7 @@ from e2e_helpers import (
     conformance,
     conformance_counts,
     endpoint_ip,
+    gateway_listener,
     on,
     playbook,
     sockets,
@@ -121,7 +122,7 @@ def test_mooncake_traffic_stays_on_the_test_hosts_addresses(mooncake):
     for name, socks in rows.items():
         for state, local, peer, proc in socks:
             if state == "LISTEN":
-                if endpoint_ip(local) is None and proc not in ("sshd", "nginx"):
+                if endpoint_ip(local) is None and proc != "sshd" and not gateway_listener(name, local):
                     port = int(local.rsplit(":", 1)[1])
                     wildcard.append((name, port, proc))
                     if not (lo <= port <= hi or (name, port) == ("node1", 5600)):

@@ -304,9 +304,16 @@ def test_conditional_disaggregation_reaches_the_gateway(tmp_path_factory, render
     assert sorted(gw_agg["decode"]) == sorted(gw["decode"] + gw["prefill"])
 
 
-def test_the_gateway_configuration_is_what_the_gateway_reads(rendered):
-    """The rendered gateway.json loads as pdinfra.serving.gateway.Config (no key missing, no type wrong)."""
+def test_the_gateway_configuration_is_what_the_gateway_reads(rendered, monkeypatch):
+    """The rendered gateway.json loads as pdinfra.serving.gateway.Config (no key missing, no type wrong). It holds
+    no secret: the client key is OPENAI_API_KEY from router.env (root-only), which the gateway's unit reads."""
     from pdinfra.serving.gateway import Config
 
-    cfg = Config.from_dict(json.loads((rendered / "hgx-h100-01-gateway.json").read_text()))
-    assert cfg.router == "http://127.0.0.1:18000" and cfg.migration_attempts == 2 and cfg.api_key
+    data = json.loads((rendered / "hgx-h100-01-gateway.json").read_text())
+    assert "api_key" not in data
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-router-env")
+    cfg = Config.from_dict(data)
+    assert cfg.router == "http://127.0.0.1:18000" and cfg.migration_attempts == 2
+    assert cfg.api_key == "sk-from-router-env"
+    unit = (rendered / "hgx-h100-01-gateway.service").read_text()
+    assert "EnvironmentFile=/etc/pdinfra/router.env" in unit
