@@ -17,9 +17,11 @@ And what no router pdinfra uses does:
   breaks before ``[DONE]`` (its decode instance died, the connection broke, an error event came), the gateway
   replays the prompt plus the tokens generated so far, as token IDs, on a healthy decode instance
   (``/v1/completions``, the remaining ``max_tokens``, the same sampling parameters) and goes on streaming: the
-  client sees one stream with the same ``id``, and with greedy sampling the same continuation. The text of tokens
-  the broken stream had not yet shown (vLLM holds text back for stop strings and split characters) comes first,
-  from the new instance's ``/detokenize``. At most ``migration_attempts`` replays. Where no decode instance is left,
+  client sees one stream with the same ``id``, and with greedy sampling the same continuation. The replay starts
+  after the last token whose text the client has whole (vLLM holds text back for stop strings and characters split
+  over tokens, and its detokenizer misbehaves when primed with a prompt that ends inside a character): the tokens
+  after it are generated again and what the client already has of them is not sent twice (``Gateway._cut``, aligned
+  with the decode's ``/detokenize``). At most ``migration_attempts`` replays. Where no decode instance is left,
   or the request cannot be replayed, the client gets an error event and no ``[DONE]``: never a silent end.
   Non-streamed requests whose answer broke off are sent again to a decode instance, bounded the same way.
 - **readiness** on ``/health``: 200 while the service can answer (a decode instance up, and the router up with a
@@ -95,7 +97,8 @@ class Config:
         cfg = cls(host=str(d["host"]), port=int(d["port"]), router=str(d["router"]).rstrip("/"),
                   decode=tuple(u.rstrip("/") for u in decode),
                   prefill=tuple(u.rstrip("/") for u in d.get("prefill") or ()), layout=d.get("layout", "pd"),
-                  api_key=str(d.get("api_key", os.environ.get("OPENAI_API_KEY", ""))), request_timeout_s=float(d.get("request_timeout_s", 300)),
+                  api_key=str(d.get("api_key", os.environ.get("OPENAI_API_KEY", ""))),
+                  request_timeout_s=float(d.get("request_timeout_s", 300)),
                   degraded_fallback=bool(d.get("degraded_fallback", True)),
                   degraded_on_500=bool(d.get("degraded_on_500", True)),
                   degraded_fail_timeout_s=float(d.get("degraded_fail_timeout_s", 2)),
@@ -217,6 +220,10 @@ class Health:
 
 
 # ---------------------------------------------------------------------------------------------------- streams
+CUT_CONTEXT = 8  # prompt tokens before the generated ones when their text is aligned with what the client has
+CUT_SEARCH = 32  # generated tokens looked back over for a clean cut; past it the replay starts from the prompt
+
+
 def replayable(payload: dict, chat: bool) -> bool:
     """Whether a streamed request can be replayed from token IDs as the same request."""
     if payload.get("n") not in (None, 1) or any(payload.get(k) not in (None, False, 0) for k in UNREPLAYABLE):
@@ -242,6 +249,8 @@ class Tracker:
     head: dict[str, Any] = field(default_factory=dict)  # id, created, model of the first chunk
     sent: bool = False  # the client has had a chunk
     base_prompt_tokens: int | None = None  # set on a replay: the usage counts the client's prompt only
+    client_has: int = 0  # on a replay: token IDs the client already has (regenerated ones are not sent again)
+    suppress: int = 0  # on a replay: characters of the replay's text the client already has
 
     def take(self, obj: dict) -> dict | None:
         """Note one chunk of the stream; the chunk to send the client, or None (an error event: a break)."""
@@ -258,8 +267,19 @@ class Tracker:
         for c in obj.get("choices") or ():
             if c.get("prompt_token_ids") is not None:
                 self.prompt_ids = list(c["prompt_token_ids"])
-            self.generated += c.get("token_ids") or ()
+            ids = list(c.get("token_ids") or ())
+            pos = len(self.generated)
+            self.generated += ids
+            if self.client_ids and pos < self.client_has:  # regenerated after a cut: the client has these IDs
+                c["token_ids"] = ids[self.client_has - pos :]
             piece = (c.get("delta") or {}).get("content") if self.chat else c.get("text")
+            if piece and self.suppress:  # regenerated text the client already has
+                cut, self.suppress = min(self.suppress, len(piece)), self.suppress - min(self.suppress, len(piece))
+                piece = piece[cut:]
+                if self.chat:
+                    c["delta"] = {**(c.get("delta") or {}), "content": piece}
+                else:
+                    c["text"] = piece
             if piece:
                 self.text.append(piece)
             if c.get("finish_reason"):
@@ -288,6 +308,11 @@ class Tracker:
                     d[k] = c[k]
             choices.append(d)
         return {**obj, "object": "chat.completion.chunk", "choices": choices}
+
+
+def log(message: str) -> None:
+    """One line on stderr (the unit's journal)."""
+    print(f"pdinfra gateway: {message}", file=sys.stderr, flush=True)
 
 
 def sse(obj: dict) -> bytes:
@@ -536,7 +561,9 @@ class Gateway:
                "no_decode_left": "no decode instance is left to continue it",
                "attempts_exhausted": f"{self.cfg.migration_attempts} replays failed"}[reason]  # fmt: skip
         detail = f" ({tracker.error})" if tracker.error else ""
-        await out.write(error_event(f"the stream broke off after {len(tracker.generated)} tokens{detail}: {why}"))
+        message = f"the stream broke off after {len(tracker.generated)} tokens{detail}: {why}"
+        log(f"stream {tracker.head.get('id', '?')}: {message}")
+        await out.write(error_event(message))
 
     async def _migrate(self, out: Any, tracker: Tracker, payload: dict, chat: bool) -> None:
         """Replay the prompt and the tokens so far on a healthy decode instance, until the stream completes."""
@@ -545,21 +572,25 @@ class Gateway:
             return
         max_tokens = payload.get("max_completion_tokens") or payload.get("max_tokens")
         for _ in range(self.cfg.migration_attempts):
+            broke_at = len(tracker.generated)
             if tracker.prompt_ids is None:
                 path, body, replay = ("/v1/chat/completions" if chat else "/v1/completions",
                                       payload | {"return_token_ids": True}, False)  # fmt: skip
             else:
+                await self._cut(tracker, payload)
+                if max_tokens is not None and len(tracker.generated) >= int(max_tokens):
+                    await self._finish_lost(out, tracker)  # every token and its text came, only the end was lost
+                    return
                 body = {k: payload[k] for k in REPLAY_FIELDS if k in payload}
                 body |= {"prompt": tracker.prompt_ids + tracker.generated, "stream": True, "return_token_ids": True}
                 if max_tokens is not None:
-                    left = int(max_tokens) - len(tracker.generated)
-                    if left <= 0:  # every token came, only the end was lost
-                        await self._finish_lost(out, tracker)
-                        return
-                    body["max_tokens"] = left
+                    body["max_tokens"] = int(max_tokens) - len(tracker.generated)
                 if payload.get("min_tokens"):
                     body["min_tokens"] = max(0, int(payload["min_tokens"]) - len(tracker.generated))
                 path, replay = "/v1/completions", True
+            log(f"stream {tracker.head.get('id', '?')} broke off after {broke_at} tokens"
+                f"{f' ({tracker.error})' if tracker.error else ''}: replaying it from token {len(tracker.generated)}"
+                " on a decode instance")  # fmt: skip
             resp, url = await self._on_decode(path, json.dumps(body).encode(), self._instance_headers())
             if resp is None:
                 self.stats.bump(self.stats.migrations, "failed")
@@ -573,7 +604,6 @@ class Gateway:
                 continue
             if replay:
                 tracker.base_prompt_tokens = len(tracker.prompt_ids or ())
-                await self._catch_up(url, out, tracker, payload)
             tracker.error = ""
             await self._relay(resp, out, tracker, replay=replay)
             if tracker.done or tracker.finished:
@@ -585,23 +615,44 @@ class Gateway:
             self.health.leave_out(url)
         await self._break(out, tracker, "attempts_exhausted")
 
-    async def _catch_up(self, url: str, out: Any, tracker: Tracker, payload: dict) -> None:
-        """Send the text of generated tokens the broken stream had held back (stop strings, split characters)."""
-        if not tracker.generated:
-            return
+    async def _detokenize(self, url: str, model: Any, tokens: list[int]) -> str | None:
         try:
-            async with self._session.post(url + "/detokenize", headers=self._instance_headers(),
-                                          json={"model": payload.get("model"), "tokens": tracker.generated},
+            body = {"model": model, "tokens": tokens}
+            async with self._session.post(url + "/detokenize", headers=self._instance_headers(), json=body,
                                           timeout=self._timeout()) as r:  # fmt: skip
-                full = (await r.json()).get("prompt", "") if r.status == 200 else ""
-        except Exception:  # noqa: BLE001 - the catch-up is best effort: the tokens themselves are right
-            return
-        shown = "".join(tracker.text)
-        if full.startswith(shown) and len(full) > len(shown):
-            piece = {"index": 0, "text": full[len(shown):], "finish_reason": None}
-            obj = tracker.as_client_chunk({"object": "text_completion", "choices": [piece]})
-            tracker.text.append(full[len(shown):])
-            await out.write(sse(obj))
+                return str((await r.json()).get("prompt", "")) if r.status == 200 else None
+        except Exception:  # noqa: BLE001 - no text to align with: the caller replays from the start
+            return None
+
+    async def _cut(self, tracker: Tracker, payload: dict) -> None:
+        """Where the replay starts: after the last generated token whose text the client has whole.
+
+        vLLM holds back the text of the last tokens (a character split over byte tokens, the start of a stop
+        string) and, primed with a prompt that ends inside a character, its detokenizer emits the whole prompt's
+        text with the next token (vLLM 0.32, tokenizers' DecodeStream). So the replay's prompt ends where the text
+        the client has ends on a token boundary (found with the decode's ``/detokenize``, the prompt's last tokens
+        as context); the tokens after it are generated again, and their IDs and the part of their text the client
+        already has are not sent twice. Nothing to align with (no decode answers): replay from the prompt."""
+        shown, gen = "".join(tracker.text), tracker.generated
+        ctx = (tracker.prompt_ids or [])[-CUT_CONTEXT:]
+        model, url, base = payload.get("model"), "", None
+        cut, covered = 0, 0  # the tokens kept in the replay's prompt, and the characters of `shown` they make
+        for url in self.health.decodes() if gen else ():  # the first that answers (the one that died may be first)
+            base = await self._detokenize(url, model, ctx)
+            if base is not None:
+                break
+            self.health.leave_out(url)
+        for r in range(len(gen), max(0, len(gen) - CUT_SEARCH), -1) if base is not None else ():
+            text = await self._detokenize(url, model, ctx + gen[:r])
+            if text is None or not text.startswith(base):
+                break
+            text = text[len(base) :]
+            if not text.endswith("\ufffd") and shown.startswith(text):
+                cut, covered = r, len(text)
+                break
+        tracker.client_has = max(tracker.client_has, len(gen))
+        tracker.suppress = len(shown) - covered
+        del tracker.generated[cut:]
 
     async def _finish_lost(self, out: Any, tracker: Tracker) -> None:
         piece = {"index": 0, "text": "", "finish_reason": "length"}

@@ -38,6 +38,10 @@ def word(t: int) -> str:
     return f"w{t} "
 
 
+def is_split(t: int) -> bool:
+    return t >= 1000 and t % 5 == 0
+
+
 def reference(prompt: list[int], n: int) -> list[int]:
     seq = list(prompt)
     for _ in range(n):
@@ -58,8 +62,12 @@ class Fake:
     name: str
     die_after: int | None = None  # die after streaming this many tokens (counted over all its streams)
     hold_back: bool = False  # show each token's text one chunk late, as vLLM does for stop strings
+    split: bool = False  # generated tokens divisible by 5 are half a character: their text comes with the next one,
+    # /detokenize ends a sequence that ends with one in U+FFFD, and a prompt of token IDs ending with one makes the
+    # first chunk carry the whole prompt's text (vLLM 0.32's detokenizer primed inside a character)
     status: int = 200  # answer every generation request with this status (503: an unhealthy router)
     break_whole: bool = False  # a non-streamed answer breaks off mid-body
+    no_detokenize: bool = False  # /detokenize drops the connection (as an instance that just died)
     dead: bool = False
     streamed: int = 0
     requests: int = 0
@@ -96,10 +104,14 @@ class Fake:
         return web.json_response({"object": "list", "data": [{"id": "m", "served_by": self.name}]})
 
     async def detokenize(self, request: web.Request) -> web.StreamResponse:
-        if self.dead:
+        if self.dead or self.no_detokenize:
             return self._drop(request)
         body = await request.json()
-        return web.json_response({"prompt": "".join(word(t) for t in body["tokens"])})
+        toks = body["tokens"]
+        text = "".join(word(t) for t in toks)
+        if self.split and toks and is_split(toks[-1]):
+            text = text[: -len(word(toks[-1]))] + "\ufffd"
+        return web.json_response({"prompt": text})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         if self.dead:
@@ -152,7 +164,12 @@ class Fake:
                 return resp
             self.streamed += 1
             last = k == len(out) - 1
-            text, pending = (pending, word(t)) if self.hold_back else (word(t), "")
+            if self.split:
+                text, pending = ("", pending + word(t)) if is_split(t) else (pending + word(t), "")
+                if k == 0 and isinstance(body.get("prompt"), list) and is_split(prompt[-1]):
+                    text = "".join(word(x) for x in prompt) + text  # the whole prompt's text, as vLLM sends it
+            else:
+                text, pending = (pending, word(t)) if self.hold_back else (word(t), "")
             if last:
                 text += pending
             fr = "length" if last else None
@@ -281,6 +298,42 @@ def test_text_held_back_by_the_broken_stream_is_sent_before_the_continuation():
         assert done and text_of(chunks) == expected_text(tokenize(PROMPT))
 
     run(t, router={"die_after": 6, "hold_back": True})
+
+
+@pytest.mark.parametrize("die_after", [3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("ids", [False, True])
+def test_a_stream_broken_inside_a_character_is_replayed_from_the_last_whole_one(die_after, ids):
+    """Seen on the local cluster (vLLM 0.32): a stream broken after a token that ends inside a character, replayed
+    with every generated token, came back with the whole prompt's text in its first chunk. The replay starts after
+    the last token whose text the client has whole; the client gets every character and every ID once."""
+    prompt = tokenize(PROMPT)
+    want = reference(prompt, N)
+    assert any(is_split(t) for t in want[:8]), "the case needs a split character in the first tokens"
+
+    async def t(st: Stack):
+        chunks, done, errors = await stream(st.url, "/v1/completions", {
+            "model": "m", "prompt": PROMPT, "max_tokens": N, "return_token_ids": ids})  # fmt: skip
+        assert done and not errors
+        assert text_of(chunks) == expected_text(prompt)
+        got = [t for ch in chunks for c in ch["choices"] for t in c.get("token_ids", [])]
+        assert got == (want if ids else [])
+        assert st.gateway.stats.migrations == {"resumed": 1}
+
+    run(t, router={"die_after": die_after, "split": True}, decode0={"split": True}, decode1={"split": True})
+
+
+def test_the_cut_is_found_on_a_live_decode_when_the_first_one_fails():
+    """The decode instance listed first may be the one that just died: /detokenize goes to the next, and the
+    replay starts from the last whole character, not from the prompt."""
+
+    async def t(st: Stack):
+        chunks, done, errors = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT,
+                                                                       "max_tokens": N})  # fmt: skip
+        assert done and not errors and text_of(chunks) == expected_text(tokenize(PROMPT))
+        assert 0 < sum(d.streamed for d in st.decodes) < N - 3, "replayed from the prompt instead of the cut"
+
+    run(t, router={"die_after": 7, "split": True}, decode0={"no_detokenize": True, "split": True},
+        decode1={"split": True})
 
 
 def test_a_replay_that_breaks_again_moves_on_and_the_ids_the_client_asked_for_stay():
