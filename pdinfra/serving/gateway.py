@@ -30,7 +30,7 @@ And what no router pdinfra uses does:
 - ``/metrics``: Prometheus text (requests by route, migrations, broken streams, readiness, instances up).
 
 Run: ``python -m pdinfra.serving.gateway --config /etc/pdinfra/gateway.json`` (written by the pd_router role).
-The client API key is ``OPENAI_API_KEY`` from the environment (``/etc/pdinfra/router.env``, root-only, read by
+The client API key is ``OPENAI_API_KEY`` from the environment (``/etc/pdinfra/gateway.env``, root-only, read by
 systemd), so no configuration file the service user can read holds it; ``api_key`` in the JSON overrides it.
 Tests: ``tests/unit/test_gateway.py`` (fakes that speak vLLM's streaming with token IDs), the e2e fault tests in
 ``tests/e2e/test_reliability.py`` (a decode killed under 6 streams) on the local cluster.

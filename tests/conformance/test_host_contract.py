@@ -107,7 +107,7 @@ class TestRouter:
 
     def test_the_probe_timer_and_private_client_key(self, host, router):
         assert host.service("pdinfra-probe.timer").is_running
-        for name in ("/etc/pdinfra/router.env", "/etc/pdinfra/client.env"):
+        for name in ("/etc/pdinfra/router.env", "/etc/pdinfra/gateway.env", "/etc/pdinfra/client.env"):
             f = host.file(name)
             assert f.mode == 0o600 and f.user == "root", name
 

@@ -223,7 +223,7 @@ def test_instances_refuse_direct_unauthenticated_requests(cluster):
 def test_key_files_are_root_only_and_the_key_is_never_logged(cluster):
     key = api_key()
     for host in cluster["hosts"]:
-        res = on(host, "stat -c '%a %U %n' /etc/pdinfra/instances/*.env /etc/pdinfra/router.env "
+        res = on(host, "stat -c '%a %U %n' /etc/pdinfra/instances/*.env /etc/pdinfra/{router,gateway}.env "
                  "/etc/pdinfra/client.env 2>/dev/null; echo; grep -rlF -- \"$(grep -h '^VLLM_API_KEY=' "
                  "/etc/pdinfra/instances/*.env | head -1 | cut -d= -f2)\" /etc/systemd/system /etc/pdinfra/*.json "
                  "/etc/pdinfra/instances/*.json; journalctl --no-pager | grep -cF -- "

@@ -306,14 +306,14 @@ def test_conditional_disaggregation_reaches_the_gateway(tmp_path_factory, render
 
 def test_the_gateway_configuration_is_what_the_gateway_reads(rendered, monkeypatch):
     """The rendered gateway.json loads as pdinfra.serving.gateway.Config (no key missing, no type wrong). It holds
-    no secret: the client key is OPENAI_API_KEY from router.env (root-only), which the gateway's unit reads."""
+    no secret: the client key is OPENAI_API_KEY from gateway.env (root-only), which the gateway's unit reads."""
     from pdinfra.serving.gateway import Config
 
     data = json.loads((rendered / "hgx-h100-01-gateway.json").read_text())
     assert "api_key" not in data
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-router-env")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-gateway-env")
     cfg = Config.from_dict(data)
     assert cfg.router == "http://127.0.0.1:18000" and cfg.migration_attempts == 2
-    assert cfg.api_key == "sk-from-router-env"
+    assert cfg.api_key == "sk-from-gateway-env"
     unit = (rendered / "hgx-h100-01-gateway.service").read_text()
-    assert "EnvironmentFile=/etc/pdinfra/router.env" in unit
+    assert "EnvironmentFile=/etc/pdinfra/gateway.env" in unit
