@@ -451,8 +451,8 @@ def test_vllms_own_parser_accepts_the_rendered_lmcache_and_mooncake_units(cluste
     host = cluster["hosts"][0]
     for connector, want in (("lmcache", "LMCacheConnectorV1"), ("mooncake", "MooncakeConnector")):
         out = render(tmp_path_factory, HGX, json.dumps({"pdinfra_connector": connector}))
-        units = {f.stem: _exec_args(f.read_text()) for f in sorted(out.glob("*.service")) if "router" not in f.name
-                 and "kv-store" not in f.name}  # fmt: skip
+        units = {f.stem: _exec_args(f.read_text()) for f in sorted(out.glob("*.service"))
+                 if not any(k in f.name for k in ("router", "gateway", "kv-store"))}  # fmt: skip
         assert len(units) == 4, units
         cmd = f"/opt/pdinfra/venv/bin/python -c {shlex_quote(PARSE)} <<'EOF'\n{json.dumps(units)}\nEOF"
         res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), cmd], log=f"66-vllm-parses-{connector}")
