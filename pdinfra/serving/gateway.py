@@ -274,7 +274,8 @@ class Tracker:
                 c["token_ids"] = ids[self.client_has - pos :]
             piece = (c.get("delta") or {}).get("content") if self.chat else c.get("text")
             if piece and self.suppress:  # regenerated text the client already has
-                cut, self.suppress = min(self.suppress, len(piece)), self.suppress - min(self.suppress, len(piece))
+                cut = min(self.suppress, len(piece))
+                self.suppress -= cut
                 piece = piece[cut:]
                 if self.chat:
                     c["delta"] = {**(c.get("delta") or {}), "content": piece}
