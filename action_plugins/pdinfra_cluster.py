@@ -25,6 +25,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         try:
             from pdinfra.cluster import resolve, schema
+            from pdinfra.cluster.checker import format_problems
         except ImportError as exc:
             raise AnsibleError(f"pdinfra is not importable by the controller's Python: {exc}") from exc
         args = self._task.args
@@ -87,7 +88,7 @@ class ActionModule(ActionBase):
         if problems:
             result["failed"] = True
             result["problems"] = [str(p) for p in problems]
-            result["msg"] = resolve.format_problems(problems, ", ".join(sources) or None)
+            result["msg"] = format_problems(problems, ", ".join(sources) or None)
             return result
         cluster = res.cluster
         if args.get("secrets"):

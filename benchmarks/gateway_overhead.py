@@ -71,8 +71,12 @@ class Front:
         self.gaps: list[float] = []
 
     def request(self, body: dict) -> http.client.HTTPResponse:
-        self.conn.request("POST", "/v1/completions", json.dumps(body),
-                          {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"})
+        self.conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps(body),
+            {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
+        )
         return self.conn.getresponse()
 
     def one(self, model: str, prompt: str) -> None:
@@ -83,8 +87,16 @@ class Front:
         assert resp.status == 200, (self.name, resp.status, data[:200])
 
     def stream(self, model: str, prompt: str, tokens: int) -> None:
-        resp = self.request({"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
-                             "ignore_eos": True, "stream": True})
+        resp = self.request(
+            {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+            }
+        )
         assert resp.status == 200, (self.name, resp.status)
         last = None
         for line in resp:
@@ -111,8 +123,10 @@ def main() -> int:
     args = ap.parse_args()
     key = read_key(args.key_file)
     ghost, gport = args.gateway.rsplit(":", 1)
-    fronts = [Front("direct (vllm-router)", "127.0.0.1", args.backend_port, key),
-              Front("pdinfra gateway", ghost, int(gport), key)]
+    fronts = [
+        Front("direct (vllm-router)", "127.0.0.1", args.backend_port, key),
+        Front("pdinfra gateway", ghost, int(gport), key),
+    ]
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     proc, tmp = None, tempfile.mkdtemp(prefix="gw-bench-")
     if nginx:
@@ -141,13 +155,23 @@ def main() -> int:
     for f in fronts:
         med = statistics.median(f.whole)
         q = statistics.quantiles(f.whole, n=10)
-        rows.append({"front": f.name, "requests": len(f.whole), "p50_ms": round(med * 1e3, 3),
-                     "p90_ms": round(q[-1] * 1e3, 3), "added_p50_ms": round((med - base) * 1e3, 3),
-                     "chunk_gap_p50_ms": round(statistics.median(f.gaps) * 1e3, 3), "chunk_gaps": len(f.gaps)})
+        rows.append(
+            {
+                "front": f.name,
+                "requests": len(f.whole),
+                "p50_ms": round(med * 1e3, 3),
+                "p90_ms": round(q[-1] * 1e3, 3),
+                "added_p50_ms": round((med - base) * 1e3, 3),
+                "chunk_gap_p50_ms": round(statistics.median(f.gaps) * 1e3, 3),
+                "chunk_gaps": len(f.gaps),
+            }
+        )
     print(f"{'front':28} {'n':>5} {'p50 ms':>8} {'p90 ms':>8} {'added p50 ms':>13} {'chunk gap p50 ms':>17}")
     for r in rows:
-        print(f"{r['front']:28} {r['requests']:5d} {r['p50_ms']:8.2f} {r['p90_ms']:8.2f} {r['added_p50_ms']:13.2f} "
-              f"{r['chunk_gap_p50_ms']:17.2f}")
+        print(
+            f"{r['front']:28} {r['requests']:5d} {r['p50_ms']:8.2f} {r['p90_ms']:8.2f} {r['added_p50_ms']:13.2f} "
+            f"{r['chunk_gap_p50_ms']:17.2f}"
+        )
     if args.out:
         args.out.write_text(json.dumps({"rounds": args.rounds, "model": args.model, "rows": rows}, indent=1) + "\n")
     return 0

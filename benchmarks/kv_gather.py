@@ -45,8 +45,10 @@ def _time(torch, fn, iters: int) -> float:
 def measure(torch, dev, shape: kvshape.KVShape, heads: int, a: argparse.Namespace, bs: int) -> list[dict]:
     nblk = kvshape.blocks_for_prompt(a.tokens, bs)
     cache_blocks = nblk * a.cache_blocks_factor
-    caches = [torch.randn(2, cache_blocks, bs, heads, shape.head_dim, device=dev, dtype=torch.bfloat16)
-              for _ in range(shape.num_layers)]  # fmt: skip
+    caches = [
+        torch.randn(2, cache_blocks, bs, heads, shape.head_dim, device=dev, dtype=torch.bfloat16)
+        for _ in range(shape.num_layers)
+    ]
     staging = torch.empty(shape.num_layers, 2, nblk, bs, heads, shape.head_dim, device=dev, dtype=torch.bfloat16)
     src = torch.empty_like(staging)
     nbytes = staging.numel() * staging.element_size()
@@ -69,9 +71,12 @@ def measure(torch, dev, shape: kvshape.KVShape, heads: int, a: argparse.Namespac
                "bytes": nbytes, "gather_ms": round(g, 4), "copy_ms": round(c, 4),
                "gather_gbps": round(nbytes / g / 1e6, 1), "copy_gbps": round(nbytes / c / 1e6, 1)}  # fmt: skip
         rows.append(row)
-        print(f"block {bs:4d} {name:9s}: {nbytes / 2**20:7.1f} MiB, {row['descriptors_if_unpacked']:6d} "
-              f"descriptors unpacked; gather {g:7.3f} ms ({row['gather_gbps']:6.1f} GB/s), contiguous copy "
-              f"{c:7.3f} ms ({row['copy_gbps']:6.1f} GB/s)", flush=True)  # fmt: skip
+        print(
+            f"block {bs:4d} {name:9s}: {nbytes / 2**20:7.1f} MiB, {row['descriptors_if_unpacked']:6d} "
+            f"descriptors unpacked; gather {g:7.3f} ms ({row['gather_gbps']:6.1f} GB/s), contiguous copy "
+            f"{c:7.3f} ms ({row['copy_gbps']:6.1f} GB/s)",
+            flush=True,
+        )
     return rows
 
 
@@ -91,9 +96,12 @@ def main() -> int:
     dev = torch.device("cuda")
     shape = kvshape.get_shape(a.shape)
     heads = kvshape.kv_heads_per_rank(shape, a.tp)
-    print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}; {shape.name} TP{a.tp}: "
-          f"{shape.num_layers} layers, {heads} KV heads/rank, head_dim {shape.head_dim}, bfloat16; "
-          f"{a.tokens} tokens", flush=True)  # fmt: skip
+    print(
+        f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}; {shape.name} TP{a.tp}: "
+        f"{shape.num_layers} layers, {heads} KV heads/rank, head_dim {shape.head_dim}, bfloat16; "
+        f"{a.tokens} tokens",
+        flush=True,
+    )
     results = []
     for bs in (int(x) for x in a.block_sizes.split(",")):
         results += measure(torch, dev, shape, heads, a, bs)

@@ -56,8 +56,10 @@ def main() -> int:
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     log = a.out / "run.log"
-    log.write_text(f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}: benchmarks/kv_layout_trace.py "
-                   f"--blocks {a.blocks} --concurrency {a.concurrency}\n")  # fmt: skip
+    log.write_text(
+        f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}: benchmarks/kv_layout_trace.py "
+        f"--blocks {a.blocks} --concurrency {a.concurrency}\n"
+    )
     pdinfra = str(BIN / "pdinfra")
     with tempfile.TemporaryDirectory(prefix="pdinfra-kvtrace-inv-") as tmp:
         inv_dir = Path(tmp) / "inv"
@@ -70,13 +72,41 @@ def main() -> int:
         inv = str(inv_dir / "hosts.yml")
         run([pdinfra, "deploy", "-i", inv, "--tags", "serving"], log)
         bench_out = a.out / "bench"
-        run([pdinfra, "bench", "run", "-i", inv, "--plan", "kv-trace", "--concurrency", "4", "--out",
-             str(bench_out / "warmup")], log)  # fmt: skip
+        run(
+            [
+                pdinfra,
+                "bench",
+                "run",
+                "-i",
+                inv,
+                "--plan",
+                "kv-trace",
+                "--concurrency",
+                "4",
+                "--out",
+                str(bench_out / "warmup"),
+            ],
+            log,
+        )
         run([pdinfra, "kv-trace", "collect", "-i", inv, "--reset", "-o", str(a.out / "warmup.jsonl")], log)
         traces = []
         for c in a.concurrency.split(","):
-            run([pdinfra, "bench", "run", "-i", inv, "--plan", "kv-trace", "--concurrency", c, "--out",
-                 str(bench_out / f"c{c}")], log)  # fmt: skip
+            run(
+                [
+                    pdinfra,
+                    "bench",
+                    "run",
+                    "-i",
+                    inv,
+                    "--plan",
+                    "kv-trace",
+                    "--concurrency",
+                    c,
+                    "--out",
+                    str(bench_out / f"c{c}"),
+                ],
+                log,
+            )
             dest = a.out / f"kv-trace-c{c}.jsonl"
             run([pdinfra, "kv-trace", "collect", "-i", inv, "--reset", "-o", str(dest)], log)
             traces.append(str(dest))

@@ -83,8 +83,12 @@ def _sites(tree: ast.AST) -> list[tuple[ast.AST, str, str]]:
             out.append((node, "boolop", f"{type(node.op).__name__} -> {other}"))
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             out.append((node, "not", "drop not"))
-        elif (isinstance(node, ast.Constant) and id(node) not in docs and type(node.value) in (int, float)
-              and not isinstance(node.value, bool)):  # fmt: skip
+        elif (
+            isinstance(node, ast.Constant)
+            and id(node) not in docs
+            and type(node.value) in (int, float)
+            and not isinstance(node.value, bool)
+        ):
             out.append((node, "number", f"{node.value!r} -> {_bump(node.value)!r}"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in VERDICT_SWAP:
             out.append((node, "verdict", f"{node.func.id} -> {VERDICT_SWAP[node.func.id]}"))
@@ -142,13 +146,22 @@ def _workspace(root: Path) -> None:
 
 
 def _pytest(root: Path, tests: list[str], timeout: float) -> tuple[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1",
-               PDINFRA_STATE_DIR=str(REPO / "out" / "check-state"))  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(root),
+        PYTHONDONTWRITEBYTECODE="1",
+        PDINFRA_STATE_DIR=str(REPO / "out" / "check-state"),
+    )
     t0 = time.monotonic()
     try:
-        res = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                              "-p", "no:randomly", *tests], cwd=root, env=env, capture_output=True, text=True,
-                             timeout=timeout)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *tests],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return "killed (timeout)", time.monotonic() - t0
     return ("survived" if res.returncode == 0 else "killed"), time.monotonic() - t0
@@ -223,8 +236,12 @@ def write(out: Path, results: dict[str, list[Mutant]]) -> None:
         killed = sum(m["status"].startswith("killed") for m in ms)
         lines.append(f"| {g} | {len(ms)} | {killed} | {len(ms) - killed} | {killed / max(len(ms), 1):.0%} |")
     lines += ["", "Survivors:", ""]
-    lines += [f"- {g}: `{m['file']}:{m['line']}` {m['kind']} {m['what']}" for g, ms in sorted(data.items())
-              for m in ms if m["status"] == "survived"]  # fmt: skip
+    lines += [
+        f"- {g}: `{m['file']}:{m['line']}` {m['kind']} {m['what']}"
+        for g, ms in sorted(data.items())
+        for m in ms
+        if m["status"] == "survived"
+    ]
     (out / "mutation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 

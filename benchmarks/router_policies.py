@@ -67,8 +67,9 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def ssh(host, command: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([*testhosts.ssh_command(host, testhosts.ssh_key()), command], capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [*testhosts.ssh_command(host, testhosts.ssh_key()), command], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def deploy_router(inventory: Path, policy: str | None, log: Path) -> float:
@@ -180,12 +181,16 @@ def main() -> int:
             "num_prompts": args.num_prompts, "concurrency": args.concurrency, "workloads": WORKLOADS,
             "command": " ".join(sys.argv)}  # fmt: skip
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    print(f"\n{'policy':14} {'workload':8} {'TTFT p50':>9} {'p99':>8} {'req/s':>6} {'local hit':>9} "
-          f"{'store hit':>9}  prefill requests")  # fmt: skip
+    print(
+        f"\n{'policy':14} {'workload':8} {'TTFT p50':>9} {'p99':>8} {'req/s':>6} {'local hit':>9} "
+        f"{'store hit':>9}  prefill requests"
+    )
     for r in rows:
-        print(f"{r['policy']:14} {r['workload']:8} {r['ttft_p50_ms'] or 0:9.1f} {r['ttft_p99_ms'] or 0:8.1f} "
-              f"{r['req_per_s'] or 0:6.2f} {r['prefill_local_hit_rate'] or 0:9.3f} "
-              f"{r['prefill_store_hit_rate'] or 0:9.3f}  {r['prefill_requests']}")  # fmt: skip
+        print(
+            f"{r['policy']:14} {r['workload']:8} {r['ttft_p50_ms'] or 0:9.1f} {r['ttft_p99_ms'] or 0:8.1f} "
+            f"{r['req_per_s'] or 0:6.2f} {r['prefill_local_hit_rate'] or 0:9.3f} "
+            f"{r['prefill_store_hit_rate'] or 0:9.3f}  {r['prefill_requests']}"
+        )
     return 0
 
 

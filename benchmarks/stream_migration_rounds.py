@@ -35,14 +35,21 @@ def main() -> int:
         h.on(n2, "systemctl kill --kill-whom=main -s KILL pdinfra-vllm-decode0", log="bench-kill", check=True)
         for st in streams:
             st.join()
-        bad = [i for i, (st, ref) in enumerate(zip(streams, refs, strict=True))
-               if st.text != ref.text or st.ids != ref.ids or not st.complete()]  # fmt: skip
-        print(f"round {r}: {len(streams) - len(bad)} of {len(streams)} streams equal to the reference; bad {bad}",
-              flush=True)  # fmt: skip
+        bad = [
+            i
+            for i, (st, ref) in enumerate(zip(streams, refs, strict=True))
+            if st.text != ref.text or st.ids != ref.ids or not st.complete()
+        ]
+        print(
+            f"round {r}: {len(streams) - len(bad)} of {len(streams)} streams equal to the reference; bad {bad}",
+            flush=True,
+        )
         for i in bad:
             st, ref = streams[i], refs[i]
-            k = next((j for j, (a, b) in enumerate(zip(st.text, ref.text, strict=False)) if a != b),
-                     min(len(st.text), len(ref.text)))
+            k = next(
+                (j for j, (a, b) in enumerate(zip(st.text, ref.text, strict=False)) if a != b),
+                min(len(st.text), len(ref.text)),
+            )
             print(f"  stream {i}: {len(st.text)} of {len(ref.text)} characters, first difference at {k}")
             print(f"  reference there: {ref.text[k - 30 : k + 60]!r}")
             print(f"  stream there:    {st.text[k - 30 : k + 60]!r}")

@@ -241,7 +241,7 @@ class Descendants:
         return killed
 
 
-class _Run:
+class PlaybookRun:
     """The event handler of one run: keeps the tasks, failures and recap and prints the progress."""
 
     def __init__(self, progress: Progress | None, log: Path, events: Path) -> None:
@@ -318,7 +318,8 @@ class _Run:
             res = data.get("res") or {}
             label = res.get("_ansible_item_label", res.get("item"))
             self.failed_items.setdefault(str(data.get("host", "")), []).append(
-                f"item {label}: {result_message(res, True)}")
+                f"item {label}: {result_message(res, True)}"
+            )
         elif kind == "playbook_on_stats":
             self._end_task()
             self._end_play()
@@ -390,8 +391,10 @@ class _Run:
         for host in sorted(hosts):
             self.recap[host] = {name: int((data.get(k) or {}).get(host, 0)) for k, name in keys.items()}
             r = self.recap[host]
-            self.say(f"  {host:<12} ok={r['ok']} changed={r['changed']} unreachable={r['unreachable']} "
-                     f"failed={r['failed']} skipped={r['skipped']}")  # fmt: skip
+            self.say(
+                f"  {host:<12} ok={r['ok']} changed={r['changed']} unreachable={r['unreachable']} "
+                f"failed={r['failed']} skipped={r['skipped']}"
+            )
 
 
 def run_playbook(
@@ -417,7 +420,7 @@ def run_playbook(
     say = progress or (lambda _m: None)
     log.write_text(f"$ ansible-playbook {shlex.join([*args, str(book)])}\n", encoding="utf-8")
     say(f"ansible-playbook {shlex.join([*args, str(book)])}  (log: {log})")
-    run = _Run(progress, log, events)
+    run = PlaybookRun(progress, log, events)
     # ansible-runner reads the run through pexpect; its read loop calls cancel_callback at least every
     # pexpect_timeout seconds: the long-task lines come from there, without a thread. (The setting is read from
     # env/settings only: ansible-runner 2.4.3 drops a settings= argument when that file is missing.)
@@ -427,12 +430,19 @@ def run_playbook(
         (Path(private) / "env" / "settings").write_text("pexpect_timeout: 1\n")
         try:
             runner = ansible_runner.run(
-                private_data_dir=private, ident="run", project_dir=str(paths.REPO), playbook=str(book),
-                cmdline=shlex.join(args), quiet=True, suppress_env_files=True, event_handler=run.handle,
+                private_data_dir=private,
+                ident="run",
+                project_dir=str(paths.REPO),
+                playbook=str(book),
+                cmdline=shlex.join(args),
+                quiet=True,
+                suppress_env_files=True,
+                event_handler=run.handle,
                 cancel_callback=run.tick,
                 envvars=runner_env(ansible_path, env, ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1"),
-                timeout=max(1, math.ceil(timeout_s)) if timeout_s else None, fact_cache_type=None,
-            )  # fmt: skip
+                timeout=max(1, math.ceil(timeout_s)) if timeout_s else None,
+                fact_cache_type=None,
+            )
             rc, status = int(runner.rc if runner.rc is not None else 1), runner.status
             err = Path(private) / "artifacts" / "run" / "stderr"
             stderr = err.read_text(errors="replace") if err.exists() else ""
@@ -441,8 +451,14 @@ def run_playbook(
     rescued = run.take_rescued()
     if status == "timeout":
         left = run.descendants.reap()
-        run.failures.append(Failure("", "ansible-playbook", f"stopped after {timeout_s:.0f} s (the run's bound)"
-                                    + (f"; killed {left} process(es) it left behind" if left else "")))  # fmt: skip
+        run.failures.append(
+            Failure(
+                "",
+                "ansible-playbook",
+                f"stopped after {timeout_s:.0f} s (the run's bound)"
+                + (f"; killed {left} process(es) it left behind" if left else ""),
+            )
+        )
         rc = rc or 124
     if rc != 0 and not run.failures:  # stopped before any task (a parse error): its own words
         words = [*run.output, *stderr.splitlines()]
@@ -491,12 +507,20 @@ def adhoc(inventory: Path, host: str, module: str, args: dict, timeout_s: float 
 
     with tempfile.TemporaryDirectory(prefix="pdinfra-adhoc-") as private:
         runner = ansible_runner.run(
-            private_data_dir=private, ident="run", host_pattern=host, module=module, module_args=json.dumps(args),
-            inventory=inventory_source(inventory), quiet=True, suppress_env_files=True, event_handler=keep,
+            private_data_dir=private,
+            ident="run",
+            host_pattern=host,
+            module=module,
+            module_args=json.dumps(args),
+            inventory=inventory_source(inventory),
+            quiet=True,
+            suppress_env_files=True,
+            event_handler=keep,
             cancel_callback=descendants.snap,
-            envvars=runner_env(Path(ansible_bin("ansible")).parent), timeout=max(1, math.ceil(timeout_s)),
+            envvars=runner_env(Path(ansible_bin("ansible")).parent),
+            timeout=max(1, math.ceil(timeout_s)),
             fact_cache_type=None,
-        )  # fmt: skip
+        )
         status = runner.status
     if status == "timeout":
         descendants.reap()

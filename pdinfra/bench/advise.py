@@ -208,8 +208,10 @@ def gather(cluster: Cluster, prometheus: str, window: str, timeout: float = 10.0
 
 def gather_buckets(prometheus: str, window: str, timeout: float = 10.0) -> dict[str, dict[str, list]]:
     """{"ttft"|"e2e": {pd_role: pmf}} over the window."""
-    return {k: {role: pmf(b) for role, b in query_buckets(prometheus, e.format(w=window), timeout).items()}
-            for k, e in BUCKET_QUERIES.items()}  # fmt: skip
+    return {
+        k: {role: pmf(b) for role, b in query_buckets(prometheus, e.format(w=window), timeout).items()}
+        for k, e in BUCKET_QUERIES.items()
+    }
 
 
 def _fmt(v: float | None, unit: str = "s") -> str:
@@ -239,20 +241,34 @@ def retarget(cluster: Cluster, from_role: str, to_role: str) -> Change:
     name = next(f"{to_role}{k}" for k in range(len(names) + 1) if f"{to_role}{k}" not in names)
     n_p, n_d = len(cluster.by_role("prefill")), len(cluster.by_role("decode"))
     after = (n_p + 1, n_d - 1) if to_role == "prefill" else (n_p - 1, n_d + 1)
-    return Change("retarget", f"{inst.name} on {inst.host} becomes {to_role} instance {name}: "
-                  f"{n_p}P:{n_d}D -> {after[0]}P:{after[1]}D", host=inst.host, index=inst.index,
-                  instance=inst.name, role=to_role, name=name)  # fmt: skip
+    return Change(
+        "retarget",
+        f"{inst.name} on {inst.host} becomes {to_role} instance {name}: {n_p}P:{n_d}D -> {after[0]}P:{after[1]}D",
+        host=inst.host,
+        index=inst.index,
+        instance=inst.name,
+        role=to_role,
+        name=name,
+    )
 
 
-def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prometheus: str,
-           buckets: dict[str, dict[str, list]] | None = None) -> Advice:  # fmt: skip
+def decide(
+    cluster: Cluster,
+    signals: dict[str, RoleSignals],
+    window: str,
+    prometheus: str,
+    buckets: dict[str, dict[str, list]] | None = None,
+) -> Advice:
     slo = SLO.from_dict(cluster.slo)
     p, d = signals["prefill"], signals["decode"]
     layout = cluster.layout
     # Client requests completed: under PD each is counted by the prefill instance (its 1-token prefill) and again
     # by the decode instance, so the decode side's count is the client's.
-    rate = (d.get("requests_per_s") or 0.0) if layout == "pd" else sum(s.get("requests_per_s") or 0.0
-                                                                          for s in signals.values())  # fmt: skip
+    rate = (
+        (d.get("requests_per_s") or 0.0)
+        if layout == "pd"
+        else sum(s.get("requests_per_s") or 0.0 for s in signals.values())
+    )
     if layout == "pd":
         ttft = _add(p.get("e2e_q_s"), d.get("ttft_q_s"))
         itl = d.get("itl_p99_s")
@@ -274,9 +290,14 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
     if layout == "pd" and rate > 0:  # the routing decision: conditional disaggregation serves short ones on decode
         via = (p.get("requests_per_s") or 0.0) / rate
         below = cluster.router.aggregate_below_bytes if cluster.router else 0
-        evidence.append(f"through a prefill: {via * 100:.0f}% of the requests"
-                        + (f" (bodies under {below} bytes are served by a decode instance alone: "
-                           "pdinfra_pd_aggregate_below_bytes)" if below else ""))  # fmt: skip
+        evidence.append(
+            f"through a prefill: {via * 100:.0f}% of the requests"
+            + (
+                f" (bodies under {below} bytes are served by a decode instance alone: pdinfra_pd_aggregate_below_bytes)"
+                if below
+                else ""
+            )
+        )
     tt_slo = None if slo.ttft_ms is None else slo.ttft_ms / 1000
     itl_slo = None if slo.itl_p99_ms is None else slo.itl_p99_ms / 1000
     missing = unsettled(cluster, signals, tt_slo is not None, itl_slo is not None) if rate > 0 else []
@@ -285,9 +306,11 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
         gaps = [f"{r}: no settled data" for r, keys in missing if what in keys]
         return f"unknown ({'; '.join(gaps)})" if v is None and gaps else _fmt(v)
 
-    evidence.append(f"client TTFT {pct} {'<= ' if layout == 'pd' and ttft is not None else ''}{shown(ttft, 'TTFT')}"
-                    f"{f' (SLO {_fmt(tt_slo)})' if tt_slo else ''}; ITL P99 {shown(itl, 'ITL')}"
-                    f"{f' (SLO {_fmt(itl_slo)})' if itl_slo else ''}")  # fmt: skip
+    evidence.append(
+        f"client TTFT {pct} {'<= ' if layout == 'pd' and ttft is not None else ''}{shown(ttft, 'TTFT')}"
+        f"{f' (SLO {_fmt(tt_slo)})' if tt_slo else ''}; ITL P99 {shown(itl, 'ITL')}"
+        f"{f' (SLO {_fmt(itl_slo)})' if itl_slo else ''}"
+    )
     attained = goodput = per_unit = None
     gpus = sum(i.gpu_count for i in cluster.instances) if cluster.profile == "gpu" else 0
     unit = "GPU" if gpus else "instance"
@@ -305,13 +328,18 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
         if attained is not None:
             goodput = rate * attained
             per_unit = goodput / (gpus or max(1, len(cluster.instances)))
-            evidence.append(f"TTFT SLO attainment ~{attained * 100:.0f}% (estimated from the histograms"
-                            f"{': prefill request + decode TTFT, each at its bucket bound' if layout == 'pd' else ''}"
-                            f"); goodput {goodput:.2f} requests/s, {per_unit:.3f} per {unit}")  # fmt: skip
+            evidence.append(
+                f"TTFT SLO attainment ~{attained * 100:.0f}% (estimated from the histograms"
+                f"{': prefill request + decode TTFT, each at its bucket bound' if layout == 'pd' else ''}"
+                f"); goodput {goodput:.2f} requests/s, {per_unit:.3f} per {unit}"
+            )
 
     exprs = queries(cluster, window) | {f"{k}_buckets": e.format(w=window) for k, e in BUCKET_QUERIES.items()}
-    shape = (f"PD {p.instances}P:{d.instances}D" if layout == "pd" else
-             f"aggregated, {len(cluster.instances)} instance{'s' if len(cluster.instances) != 1 else ''}")  # fmt: skip
+    shape = (
+        f"PD {p.instances}P:{d.instances}D"
+        if layout == "pd"
+        else f"aggregated, {len(cluster.instances)} instance{'s' if len(cluster.instances) != 1 else ''}"
+    )
     slo_text = "none set" if slo.empty else slo.describe()
 
     money = _cost_evidence(cluster, signals, layout, rate)
@@ -320,45 +348,87 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
     def advice(verdict: str, summary: str, actions: list[str], change: Change | None = None) -> Advice:
         if change is not None:
             actions = [*actions, f"--apply: {change.summary}"]
-        return Advice(layout, window, prometheus, slo_text, verdict, summary, actions, evidence, signals, ttft, itl,
-                      exprs, change, rate, shape, attained, goodput, per_unit, unit, **money)  # fmt: skip
+        return Advice(
+            layout,
+            window,
+            prometheus,
+            slo_text,
+            verdict,
+            summary,
+            actions,
+            evidence,
+            signals,
+            ttft,
+            itl,
+            exprs,
+            change,
+            rate,
+            shape,
+            attained,
+            goodput,
+            per_unit,
+            unit,
+            **money,
+        )
 
     if rate <= 0:
         return advice("no-traffic", f"no completed requests in the last {window}: nothing to judge", [])
     if slo.empty:
-        return advice("no-slo", "pdinfra_slo sets no TTFT or ITL bound: the evidence is shown, nothing is judged",
-                      ["set pdinfra_slo (ttft_ms, itl_p99_ms) in group_vars"])  # fmt: skip
+        return advice(
+            "no-slo",
+            "pdinfra_slo sets no TTFT or ITL bound: the evidence is shown, nothing is judged",
+            ["set pdinfra_slo (ttft_ms, itl_p99_ms) in group_vars"],
+        )
     if missing:  # unknown is neither over nor within the SLO: nothing is proposed on it
         what = "; ".join(f"{r} has no settled data for its {', '.join(k)} in the last {window}" for r, k in missing)
-        return advice("unknown", f"{what} (restarted within the window, or still warming up): the SLO cannot be "
-                      "judged and no change is proposed", [f"judge again once a whole {window} of traffic has passed "
-                      "since the last restart"])  # fmt: skip
+        return advice(
+            "unknown",
+            f"{what} (restarted within the window, or still warming up): the SLO cannot be "
+            "judged and no change is proposed",
+            [f"judge again once a whole {window} of traffic has passed since the last restart"],
+        )
     ttft_bad = tt_slo is not None and ttft is not None and ttft > tt_slo
     itl_bad = itl_slo is not None and itl is not None and itl > itl_slo
     n_p, n_d = p.instances, d.instances
     if layout != "pd":
         if itl_bad and not ttft_bad:
-            return advice("try-pd", "aggregated: ITL over the SLO while TTFT meets it: decode steps are stalled by "
-                          "other requests' prefills, the case disaggregation removes",
-                          ["set pdinfra_layout: pd (pdinfra bench compares both layouts on this hardware "
-                           "first)"], Change("layout", "pdinfra_layout: agg -> pd", layout="pd"))  # fmt: skip
+            return advice(
+                "try-pd",
+                "aggregated: ITL over the SLO while TTFT meets it: decode steps are stalled by "
+                "other requests' prefills, the case disaggregation removes",
+                ["set pdinfra_layout: pd (pdinfra bench compares both layouts on this hardware first)"],
+                Change("layout", "pdinfra_layout: agg -> pd", layout="pd"),
+            )
         if ttft_bad or itl_bad:
-            return advice("add-capacity", "aggregated: over the SLO on TTFT"
-                          f"{' and ITL' if itl_bad else ''}: more load than these instances serve within it",
-                          ["add instances, or lower the clients' concurrency (pdinfra bench finds the "
-                           "maximum)", _size_it(prometheus)])  # fmt: skip
+            return advice(
+                "add-capacity",
+                "aggregated: over the SLO on TTFT"
+                f"{' and ITL' if itl_bad else ''}: more load than these instances serve within it",
+                [
+                    "add instances, or lower the clients' concurrency (pdinfra bench finds the maximum)",
+                    _size_it(prometheus),
+                ],
+            )
         return advice("within-slo", "aggregated: within the SLO at this load", [])
     p_q, d_q = p.get("queue_s") or 0.0, d.get("queue_s") or 0.0
     d_pressure = (d.get("kv_usage") or 0.0) >= KV_PRESSURE or (d.get("waiting") or 0.0) > 0.5
     if ttft_bad and itl_bad:
-        return advice("add-capacity", f"PD {n_p}P:{n_d}D: over the SLO on both TTFT and ITL: the whole cluster is "
-                      "short at this load", ["add a prefill and a decode instance, or lower the clients' "
-                      "concurrency (pdinfra bench finds the maximum within the SLO)",
-                      _size_it(prometheus)])  # fmt: skip
+        return advice(
+            "add-capacity",
+            f"PD {n_p}P:{n_d}D: over the SLO on both TTFT and ITL: the whole cluster is short at this load",
+            [
+                "add a prefill and a decode instance, or lower the clients' "
+                "concurrency (pdinfra bench finds the maximum within the SLO)",
+                _size_it(prometheus),
+            ],
+        )
     if ttft_bad:
-        why = (f"prefill queues {_fmt(p_q)} against decode {_fmt(d_q)}" if p_q > d_q else
-               "prefill does not queue more than decode: the TTFT may be the KV transfer's (see pdinfra validate "
-               "--transfer)")  # fmt: skip
+        why = (
+            f"prefill queues {_fmt(p_q)} against decode {_fmt(d_q)}"
+            if p_q > d_q
+            else "prefill does not queue more than decode: the TTFT may be the KV transfer's (see pdinfra validate "
+            "--transfer)"
+        )
         acts = [f"add a prefill instance ({n_p}P:{n_d}D -> {n_p + 1}P:{n_d}D)"]
         change = None
         if n_d > 1 and not d_pressure:
@@ -377,8 +447,10 @@ def decide(cluster: Cluster, signals: dict[str, RoleSignals], window: str, prome
 
 
 def _size_it(prometheus: str) -> str:
-    return (f"size the cluster for this load and deploy it: pdinfra plan -i INV -p PROFILE.json --from-prometheus "
-            f"{prometheus} --apply (docs/planning.md)")
+    return (
+        f"size the cluster for this load and deploy it: pdinfra plan -i INV -p PROFILE.json --from-prometheus "
+        f"{prometheus} --apply (docs/planning.md)"
+    )
 
 
 def unsettled(cluster: Cluster, signals: dict[str, RoleSignals], ttft: bool, itl: bool) -> list[tuple[str, list[str]]]:
@@ -417,11 +489,19 @@ def _cost_evidence(cluster: Cluster, signals: dict[str, RoleSignals], layout: st
         line = f"tokens per dollar unknown: {'; '.join(hourly.missing)}"
     else:
         cur = hourly.currency
-        line = (f"cost {hourly.describe()} ({'; '.join(hourly.sources)}): {_fmt(out_tps, '')} output tokens/s -> "
-                f"{_count(tpd)} tokens per {cur}; one user's stream {_fmt(user_tps, '')} tokens/s -> {_count(tpud)} "
-                f"tokens per user per {cur}")  # fmt: skip
-    return {"cost_per_hour": hourly.amount, "currency": hourly.currency, "price_sources": hourly.sources,
-            "tokens_per_dollar": tpd, "tokens_per_user_per_dollar": tpud, "lines": [line] if line else []}  # fmt: skip
+        line = (
+            f"cost {hourly.describe()} ({'; '.join(hourly.sources)}): {_fmt(out_tps, '')} output tokens/s -> "
+            f"{_count(tpd)} tokens per {cur}; one user's stream {_fmt(user_tps, '')} tokens/s -> {_count(tpud)} "
+            f"tokens per user per {cur}"
+        )
+    return {
+        "cost_per_hour": hourly.amount,
+        "currency": hourly.currency,
+        "price_sources": hourly.sources,
+        "tokens_per_dollar": tpd,
+        "tokens_per_user_per_dollar": tpud,
+        "lines": [line] if line else [],
+    }
 
 
 def _count(v: float | None) -> str:

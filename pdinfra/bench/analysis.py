@@ -29,28 +29,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pdinfra.bench.plan import SLO, BenchEndpoints, BenchPlan, BenchPoint
-from pdinfra.bench.points import (  # noqa: F401 - analysis offers them too
+from pdinfra.bench.plan import BenchEndpoints, BenchPlan, BenchPoint
+from pdinfra.bench.points import (
     DEVICES,
-    STATS,
-    VALID,
     BenchDataError,
-    Detail,
     PointResult,
     Workload,
-    _mean,
-    _num,
-    _rate_json,
-    _sort_key,
     analyze_point,
-    judge,
     load_json,
-    percentile,
-    server_summary,
+    mean_of,
+    num,
+    rate_json,
+    sort_key,
     unit_of,
     units_text,
 )
 from pdinfra.cluster import kvshape
+from pdinfra.cluster.slo import SLO
 
 DEFAULT_PD_MARGIN = 0.10
 
@@ -72,7 +67,7 @@ class Cell:
     def avg(self, getter: Any) -> float | None:
         vals = [getter(p) for p in self.valid]
         vals = [v for v in vals if v is not None]
-        return _mean(vals)
+        return mean_of(vals)
 
     def stat(self, metric: str, which: str) -> float | None:
         return self.avg(lambda p: p.stat(metric, which))
@@ -227,7 +222,7 @@ class RunAnalysis:
                 "ratio": asdict(rec.ratio) if rec.ratio else None,
                 "workloads": [
                     {
-                        "workload": asdict(v.workload) | {"request_rate": _rate_json(v.workload.request_rate)},
+                        "workload": asdict(v.workload) | {"request_rate": rate_json(v.workload.request_rate)},
                         "winner": v.winner,
                         "reason": v.reason,
                         "pd_gain": v.pd_gain,
@@ -239,7 +234,7 @@ class RunAnalysis:
                 ],
             },
             "kv_budget": [
-                asdict(k) | {"workload": asdict(k.workload) | {"request_rate": _rate_json(k.workload.request_rate)}}
+                asdict(k) | {"workload": asdict(k.workload) | {"request_rate": rate_json(k.workload.request_rate)}}
                 for k in self.kv
             ],
         }
@@ -282,7 +277,7 @@ def analyze_run(
             pr = analyze_point(point, record, **kwargs)
         pr.seed = pr.seed if pr.seed is not None else entry.get("seed")
         results.append(pr)
-    results.sort(key=lambda p: _sort_key(p.point))
+    results.sort(key=lambda p: sort_key(p.point))
 
     groups: dict[tuple, list[PointResult]] = {}
     for pr in results:
@@ -556,7 +551,7 @@ def kv_budgets(ra: RunAnalysis) -> list[KVBudget]:
         blocks = kvshape.request_bytes(shape, w.input_len, ra.endpoints.block_size, tp) * tp if shape else None
 
         def avg(key: str, pts: list[PointResult] = pts) -> float | None:
-            return _mean([v for v in (_num(p.server.get(key)) for p in pts) if v is not None])
+            return mean_of([v for v in (num(p.server.get(key)) for p in pts) if v is not None])
 
         out.append(
             KVBudget(
@@ -569,7 +564,7 @@ def kv_budgets(ra: RunAnalysis) -> list[KVBudget]:
                 measured_transfers=avg("nixl_transfers_per_request"),
                 measured_ms=avg("nixl_ms_per_request"),
                 measured_gbps=avg("nixl_gbps"),
-                ttft_p50_ms=_mean([v for v in (p.stat("ttft", "p50") for p in pts) if v is not None]),
+                ttft_p50_ms=mean_of([v for v in (p.stat("ttft", "p50") for p in pts) if v is not None]),
                 points=len(pts),
             )
         )

@@ -30,9 +30,9 @@ from pdinfra import paths
 from pdinfra.bench import advise
 from pdinfra.bench.advise import Advice, Change
 from pdinfra.cluster import edit
+from pdinfra.cluster.checker import ClusterError
 from pdinfra.cluster.inventory import InventoryError, load_cluster
 from pdinfra.cluster.model import Cluster
-from pdinfra.cluster.resolve import ClusterError
 from pdinfra.playbook import run_playbook
 
 # The serving plays (pd_runtime rewrites the node's cluster.json, which the probe and validate read) and monitoring.
@@ -61,8 +61,7 @@ def edits_for(source: Path, change: Change) -> list[edit.Edit]:
     if change.kind == "retarget":
         return [edit.retarget_instance(source, change.host, change.index, change.role, change.name)]
     if change.kind == "layout":
-        return [edit.set_cluster_var(source, "pdinfra_layout", change.layout,
-                                     comment="set by pdinfra advise --apply")]  # fmt: skip
+        return [edit.set_cluster_var(source, "pdinfra_layout", change.layout, comment="set by pdinfra advise --apply")]
     raise ApplyError(f"unknown change kind {change.kind!r}")
 
 
@@ -88,11 +87,14 @@ def plan(source: Path, advice: Advice) -> Plan:
     if advice.change is None:
         actions = [a for a in advice.actions if not a.startswith("size the cluster")]
         text = f"the advice ({advice.verdict}) has no change that --apply can make: " + (
-            "; ".join(actions) or "nothing to change")
+            "; ".join(actions) or "nothing to change"
+        )
         if advice.verdict == "add-capacity":  # more instances: the planner sizes and places them
-            text += (f"; advise --apply does not add instances: `pdinfra plan -i {source} -p PROFILE.json "
-                     f"--from-prometheus {advice.prometheus or 'URL'} --apply` sizes the cluster for the load and "
-                     "adds them where the inventory has free GPUs or cores")
+            text += (
+                f"; advise --apply does not add instances: `pdinfra plan -i {source} -p PROFILE.json "
+                f"--from-prometheus {advice.prometheus or 'URL'} --apply` sizes the cluster for the load and "
+                "adds them where the inventory has free GPUs or cores"
+            )
         raise ApplyError(text)
     edits = edits_for(source, advice.change)
     return Plan(advice.change, edits, resolve_edited(source, edits))
@@ -142,12 +144,15 @@ def deploy(source: Path, p: Edits, log_dir: Path, progress: Callable[[str], None
     edit.write(p.edits)
     if progress:
         progress(f"inventory written ({', '.join(e.what for e in p.edits)}); running site.yml --tags {TAGS}")
-    res = run_playbook(source, "site.yml", ["--tags", TAGS], log=log_dir / "deploy.log", timeout_s=3600,
-                       progress=progress)  # fmt: skip
+    res = run_playbook(
+        source, "site.yml", ["--tags", TAGS], log=log_dir / "deploy.log", timeout_s=3600, progress=progress
+    )
     if res.rc != 0:
         tail = res.summary(3000)
-        raise ApplyError(f"the serving play failed after the inventory was changed (log: {res.log}; the diff to "
-                         f"revert: {log_dir / 'change.diff'}):\n{tail}")  # fmt: skip
+        raise ApplyError(
+            f"the serving play failed after the inventory was changed (log: {res.log}; the diff to "
+            f"revert: {log_dir / 'change.diff'}):\n{tail}"
+        )
     return res.log
 
 
@@ -207,8 +212,13 @@ class Outcome:
         if not self.applied:
             return {"before": self.before.to_dict(), "applied": False}
         assert self.after is not None
-        return {"before": self.before.to_dict(), "applied": True, "diff": self.diff, "after": self.after.to_dict(),
-                "log_dir": str(self.log_dir)}  # fmt: skip
+        return {
+            "before": self.before.to_dict(),
+            "applied": True,
+            "diff": self.diff,
+            "after": self.after.to_dict(),
+            "log_dir": str(self.log_dir),
+        }
 
 
 def apply_advice(

@@ -94,11 +94,11 @@ class Workload:
         n_short = max(2, int(self.num_prompts * self.short_share * scale))
         n_long = max(1, int(self.num_prompts * (1 - self.short_share) * scale))
         return {
-            "short": BenchPoint(layout, self.short_len, self.output_len, self.short_concurrency, n_short,
-                                range_ratio=0.1),
-            "long": BenchPoint(layout, self.long_len, self.output_len, self.long_concurrency, n_long,
-                               range_ratio=0.1),
-        }  # fmt: skip
+            "short": BenchPoint(
+                layout, self.short_len, self.output_len, self.short_concurrency, n_short, range_ratio=0.1
+            ),
+            "long": BenchPoint(layout, self.long_len, self.output_len, self.long_concurrency, n_long, range_ratio=0.1),
+        }
 
 
 def summarize(short: dict[str, Any], long_: dict[str, Any], slo: SLO) -> dict[str, Any]:
@@ -122,15 +122,24 @@ def summarize(short: dict[str, Any], long_: dict[str, Any], slo: SLO) -> dict[st
     def mean(xs: list | None) -> float | None:
         return sum(xs) / len(xs) if xs else None
 
-    return {"completed": completed, "failed": (short.get("failed") or 0) + (long_.get("failed") or 0),
-            "duration_s": round(duration, 2), "req_per_s": round(completed / duration, 3) if duration else None,
-            "goodput_req_per_s": round(good / duration, 3) if duration else None, "attainment": round(attainment, 3),
-            "itl_p99_ms": rnd(itl_p99), "meets_slo": attainment >= slo.attainment and itl_ok,
-            "ttft_p50_ms": rnd(percentile(ttft_s + ttft_l, 50)), "ttft_p99_ms": rnd(percentile(ttft_s + ttft_l, 99)),
-            "short_ttft_p50_ms": rnd(percentile(ttft_s, 50)), "long_ttft_p50_ms": rnd(percentile(ttft_l, 50)),
-            "short_requests": short.get("completed"), "long_requests": long_.get("completed"),
-            "short_input_tokens_mean": rnd(mean(short.get("input_lens"))),
-            "long_input_tokens_mean": rnd(mean(long_.get("input_lens")))}  # fmt: skip
+    return {
+        "completed": completed,
+        "failed": (short.get("failed") or 0) + (long_.get("failed") or 0),
+        "duration_s": round(duration, 2),
+        "req_per_s": round(completed / duration, 3) if duration else None,
+        "goodput_req_per_s": round(good / duration, 3) if duration else None,
+        "attainment": round(attainment, 3),
+        "itl_p99_ms": rnd(itl_p99),
+        "meets_slo": attainment >= slo.attainment and itl_ok,
+        "ttft_p50_ms": rnd(percentile(ttft_s + ttft_l, 50)),
+        "ttft_p99_ms": rnd(percentile(ttft_s + ttft_l, 99)),
+        "short_ttft_p50_ms": rnd(percentile(ttft_s, 50)),
+        "long_ttft_p50_ms": rnd(percentile(ttft_l, 50)),
+        "short_requests": short.get("completed"),
+        "long_requests": long_.get("completed"),
+        "short_input_tokens_mean": rnd(mean(short.get("input_lens"))),
+        "long_input_tokens_mean": rnd(mean(long_.get("input_lens"))),
+    }
 
 
 @dataclass
@@ -144,8 +153,10 @@ class Recommendation:
         if self.best is None:
             return "recommendation: no configuration met the SLO in every round"
         others = ", ".join(f"{c} {g:.2f}" for c, g in self.others.items())
-        return (f"recommendation: {self.best} ({self.setting}): {self.goodput:.2f} good requests/s "
-                f"(others: {others or 'none'})")  # fmt: skip
+        return (
+            f"recommendation: {self.best} ({self.setting}): {self.goodput:.2f} good requests/s "
+            f"(others: {others or 'none'})"
+        )
 
 
 def recommendation(rows: list[dict[str, Any]]) -> Recommendation:
@@ -165,14 +176,18 @@ def recommendation(rows: list[dict[str, Any]]) -> Recommendation:
 
 
 def markdown(rows: list[dict[str, Any]], rec: Recommendation) -> str:
-    head = ("| config | round | req/s | goodput | attainment | ITL p99 ms | meets SLO | TTFT p50 ms | short p50 | "
-            "long p50 | through a prefill |")  # fmt: skip
+    head = (
+        "| config | round | req/s | goodput | attainment | ITL p99 ms | meets SLO | TTFT p50 ms | short p50 | "
+        "long p50 | through a prefill |"
+    )
     lines = [head, "|" + " --- |" * 11]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['round']} | {r['req_per_s'] or 0:.2f} | {r['goodput_req_per_s'] or 0:.2f} "
-                     f"| {r['attainment']:.2f} | {r['itl_p99_ms'] or 0:.1f} | {'yes' if r['meets_slo'] else 'no'} "
-                     f"| {r['ttft_p50_ms'] or 0:.0f} | {r['short_ttft_p50_ms'] or 0:.0f} "
-                     f"| {r['long_ttft_p50_ms'] or 0:.0f} | {r['through_prefill']:.0f}/{r['completed']} |")  # fmt: skip
+        lines.append(
+            f"| {r['config']} | {r['round']} | {r['req_per_s'] or 0:.2f} | {r['goodput_req_per_s'] or 0:.2f} "
+            f"| {r['attainment']:.2f} | {r['itl_p99_ms'] or 0:.1f} | {'yes' if r['meets_slo'] else 'no'} "
+            f"| {r['ttft_p50_ms'] or 0:.0f} | {r['short_ttft_p50_ms'] or 0:.0f} "
+            f"| {r['long_ttft_p50_ms'] or 0:.0f} | {r['through_prefill']:.0f}/{r['completed']} |"
+        )
     return "\n".join(lines) + f"\n\n{rec}\n"
 
 
@@ -190,9 +205,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for k, rnd in enumerate(rounds):
         for i, name in enumerate(names):
             for r in (r for r in rows if r["config"] == name and r["round"] == rnd):
-                ax.bar(i + k * width, r["goodput_req_per_s"] or 0, width, color=f"C{k}",
-                       hatch="" if r["meets_slo"] else "//", edgecolor="black",
-                       label=f"round {rnd}" if i == 0 else None)  # fmt: skip
+                ax.bar(
+                    i + k * width,
+                    r["goodput_req_per_s"] or 0,
+                    width,
+                    color=f"C{k}",
+                    hatch="" if r["meets_slo"] else "//",
+                    edgecolor="black",
+                    label=f"round {rnd}" if i == 0 else None,
+                )
     ax.set_xticks([i + width * (len(rounds) - 1) / 2 for i in range(len(names))], names)
     ax.set_ylabel("good requests/s (within the SLO)")
     ax.set_title("Goodput within the SLO per configuration (hatched: SLO missed)")
@@ -231,12 +252,23 @@ def streams_script(remote: str, argv: dict[str, list[str]]) -> str:
     ``rm`` and ``mkdir`` in the background beside the second stream, which then raced them."""
     d = shlex.quote(remote)
     streams = "".join(f"({shlex.join(a)} >{d}/{k}.log 2>&1; echo $? >{d}/{k}.rc) & " for k, a in argv.items())
-    return (f"rm -rf {d} && mkdir -p {d} || exit 1; {streams}wait; "
-            f"for k in {' '.join(argv)}; do echo $k $(cat {d}/$k.rc); done")  # fmt: skip
+    return (
+        f"rm -rf {d} && mkdir -p {d} || exit 1; {streams}wait; "
+        f"for k in {' '.join(argv)}; do echo $k $(cat {d}/$k.rc); done"
+    )
 
 
-def run_mixed(inventory: Path, cluster: Cluster, slo: SLO, workload: Workload, config: Config, tag: str, seed: int,
-              local_dir: Path, scale: float = 1.0) -> dict[str, dict[str, Any]]:  # fmt: skip
+def run_mixed(
+    inventory: Path,
+    cluster: Cluster,
+    slo: SLO,
+    workload: Workload,
+    config: Config,
+    tag: str,
+    seed: int,
+    local_dir: Path,
+    scale: float = 1.0,
+) -> dict[str, dict[str, Any]]:
     """Both streams at once on the router's host; their saved results. A stream is read only when it exited 0, and
     an earlier run's files with the same tag are removed first, so a failed stream is never read from them."""
     endpoints, host = endpoints_from_cluster(cluster, redeploy=True)
@@ -250,20 +282,32 @@ def run_mixed(inventory: Path, cluster: Cluster, slo: SLO, workload: Workload, c
     for kind in KINDS:
         if rcs.get(kind) != "0":
             log = adhoc(inventory, host, "ansible.builtin.command", {"argv": ["tail", "-30", f"{remote}/{kind}.log"]})
-            raise ConditionalError(f"vllm bench serve ({tag}, {kind}) exited {rcs.get(kind, '?')} on {host}:\n"
-                                   f"{log.get('stdout') or res.get('msg') or res.get('stderr')}")  # fmt: skip
+            raise ConditionalError(
+                f"vllm bench serve ({tag}, {kind}) exited {rcs.get(kind, '?')} on {host}:\n"
+                f"{log.get('stdout') or res.get('msg') or res.get('stderr')}"
+            )
         dest = local_dir / f"{tag}-{kind}.json"
         name = result_filename(points[kind])
-        got = adhoc(inventory, host, "ansible.builtin.fetch", {"src": f"{remote}/{name}", "dest": str(dest),
-                                                               "flat": True})  # fmt: skip
+        got = adhoc(
+            inventory, host, "ansible.builtin.fetch", {"src": f"{remote}/{name}", "dest": str(dest), "flat": True}
+        )
         if got.get("failed") or not dest.exists():
             raise ConditionalError(f"{host}: could not fetch {remote}/{name}: {got.get('msg')}")
         out[kind] = json.loads(dest.read_text())
     return out
 
 
-def run(inventory: Path, cluster: Cluster, slo: SLO, workload: Workload, cfgs: list[Config], rounds: int, seed: int,
-        out: Path, progress: Progress) -> list[dict[str, Any]]:  # fmt: skip
+def run(
+    inventory: Path,
+    cluster: Cluster,
+    slo: SLO,
+    workload: Workload,
+    cfgs: list[Config],
+    rounds: int,
+    seed: int,
+    out: Path,
+    progress: Progress,
+) -> list[dict[str, Any]]:
     """Every configuration in turn, ``rounds`` times; the rows (one per configuration and round). The inventory's
     own configuration is deployed again at the end, whatever happened."""
     api_key = cluster.secrets.api_key if cluster.secrets else ""
@@ -291,9 +335,11 @@ def run(inventory: Path, cluster: Cluster, slo: SLO, workload: Workload, cfgs: l
                        "through_prefill": via_prefill if cfg.layout == "pd" else 0,
                        "per_instance_finished": delta}  # fmt: skip
                 rows.append(row)
-                progress(f"  {cfg.name}: {row['req_per_s']} req/s, goodput {row['goodput_req_per_s']}, "
-                         f"SLO {'met' if row['meets_slo'] else 'missed'}, through a prefill "
-                         f"{row['through_prefill']:.0f}/{row['completed']}")  # fmt: skip
+                progress(
+                    f"  {cfg.name}: {row['req_per_s']} req/s, goodput {row['goodput_req_per_s']}, "
+                    f"SLO {'met' if row['meets_slo'] else 'missed'}, through a prefill "
+                    f"{row['through_prefill']:.0f}/{row['completed']}"
+                )
     finally:
         own = Config("inventory", cluster.layout, cluster.router.aggregate_below_bytes)
         took = deploy(inventory, own, out / "logs" / "deploy-restore.log")

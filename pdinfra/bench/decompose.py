@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pdinfra.serving import smoke
+from pdinfra.serving import client, smoke
 
 COMPLETIONS = '{handler="/v1/completions",method="POST"}'
 # stage -> (which servers, metric sum, metric count)
@@ -126,8 +126,9 @@ class Decomposition:
         }
 
 
-def stage_seconds(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
-                  path: str) -> tuple[dict[str, float], list[str]]:  # fmt: skip
+def stage_seconds(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], path: str
+) -> tuple[dict[str, float], list[str]]:
     """Per-stage seconds of one request from scrapes (server kind -> metrics, summed over instances) taken before
     and after it; and the reasons the sample cannot be trusted (a server counted other than one request)."""
     out: dict[str, float] = {}
@@ -172,23 +173,35 @@ def chosen(response_id: str, urls: list[str], stage: str = "decode") -> str | No
 
 def _scrape(t: Targets) -> dict[str, dict[str, float]]:
     return {
-        "router": smoke.parse_metrics(smoke.get_text(t.router_metrics)),
-        "prefill": smoke.scrape(t.prefill),
-        "decode": smoke.scrape(t.decode),
+        "router": client.parse_metrics(client.get_text(t.router_metrics)),
+        "prefill": client.scrape(t.prefill),
+        "decode": client.scrape(t.decode),
     }
 
 
-def run(t: Targets, requests: int = 20, words: int = 200, max_tokens: int = 16, timeout: float = 120,
-        direct: bool = True, progress: Callable[[str], None] | None = None) -> Decomposition:  # fmt: skip
+def run(
+    t: Targets,
+    requests: int = 20,
+    words: int = 200,
+    max_tokens: int = 16,
+    timeout: float = 120,
+    direct: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Decomposition:
     """``requests`` sequential requests through the router (and as many direct ones, alternating), decomposed."""
     if not t.prefill or not t.decode:
         raise DecomposeError("the cluster has no prefill or no decode instance: nothing to decompose (layout agg?)")
-    res = Decomposition(targets=asdict(t) | {"api_key": "(set)" if t.api_key else ""}, requests=requests,
-                        prompt_tokens=0, max_tokens=max_tokens)  # fmt: skip
+    res = Decomposition(
+        targets=asdict(t) | {"api_key": "(set)" if t.api_key else ""},
+        requests=requests,
+        prompt_tokens=0,
+        max_tokens=max_tokens,
+    )
     paths = ["router", "direct"] if direct else ["router"]
     # one warm-up request per path: the first requests after a restart pay for handshakes and caches
-    schedule = [(p, -1 - k) for k, p in enumerate(paths)] + [(paths[i % len(paths)], i)
-                                                             for i in range(requests * len(paths))]  # fmt: skip
+    schedule = [(p, -1 - k) for k, p in enumerate(paths)] + [
+        (paths[i % len(paths)], i) for i in range(requests * len(paths))
+    ]
     tokens: list[int] = []
     paired = (t.prefill[0], t.decode[0])
     nonce = int(time.time())
@@ -199,15 +212,15 @@ def run(t: Targets, requests: int = 20, words: int = 200, max_tokens: int = 16, 
             before = _scrape(t)
             t0 = time.monotonic()
             if path == "router":
-                out = smoke.post_json(t.router + "/v1/completions", body, t.api_key, timeout)
+                out = client.post_json(t.router + "/v1/completions", body, t.api_key, timeout)
                 rid, k = out.get("id", ""), i // len(paths)
                 paired = (chosen(rid, t.prefill, "prefill") or t.prefill[k % len(t.prefill)],
                           chosen(rid, t.decode) or t.decode[k % len(t.decode)])  # fmt: skip
             else:  # the instances the router chose for the request before: pairs of the same path
-                out = smoke.two_stage(*paired, body, t.api_key, timeout, bootstrap=t.bootstrap.get(paired[0], ""))
+                out = client.two_stage(*paired, body, t.api_key, timeout, bootstrap=t.bootstrap.get(paired[0], ""))
                 if out is None:
                     raise DecomposeError(f"{paired[0]} returned no kv_transfer_params: is it a NIXL kv_producer?")
-            client = time.monotonic() - t0
+            client_s = time.monotonic() - t0
             after = _scrape(t)
         except urllib.error.HTTPError as exc:  # the server's reason (e.g. a prompt over max-model-len)
             raise DecomposeError(
@@ -218,14 +231,14 @@ def run(t: Targets, requests: int = 20, words: int = 200, max_tokens: int = 16, 
         if i < 0:
             continue
         seconds, problems = stage_seconds(before, after, path)
-        if smoke.not_finished(out):
-            problems.append(f"finish_reason {smoke.not_finished(out)}: not an answer")
+        if client.not_finished(out):
+            problems.append(f"finish_reason {client.not_finished(out)}: not an answer")
         if problems:
             res.discarded.append(f"request {n} ({path}): " + "; ".join(problems))
             continue
-        seconds["client"] = client
+        seconds["client"] = client_s
         if {"prefill_http", "decode_http"} <= seconds.keys():
-            seconds["outside"] = client - seconds["prefill_http"] - seconds["decode_http"]
+            seconds["outside"] = client_s - seconds["prefill_http"] - seconds["decode_http"]
         ptok = int(out.get("usage", {}).get("prompt_tokens", 0))
         tokens.append(ptok)
         res.samples.append(Sample(path, ptok, seconds))

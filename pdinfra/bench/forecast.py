@@ -42,8 +42,14 @@ class Forecast:
     def describe(self) -> str:
         if not self.known:
             return f"forecast unknown: {self.reason}"
-        err = (f"backtest on the last horizon of the history: MAPE {self.mape * 100:.0f}%, peak off by "
-               f"{self.peak_error * 100:+.0f}%") if self.mape is not None else "no backtest"  # fmt: skip
+        err = (
+            (
+                f"backtest on the last horizon of the history: MAPE {self.mape * 100:.0f}%, peak off by "
+                f"{self.peak_error * 100:+.0f}%"
+            )
+            if self.mape is not None
+            else "no backtest"
+        )
         return f"forecast peak {self.peak:.3g} req/s ({self.method}; {self.points} samples); {err}"
 
 
@@ -63,8 +69,14 @@ def _fit_forecast(y: np.ndarray, steps: int, method: str, season: int) -> np.nda
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # convergence chatter on short or flat series: the backtest judges the fit
         if method == "holt-winters":
-            model = ExponentialSmoothing(y, trend="add", damped_trend=True, seasonal="add", seasonal_periods=season,
-                                         initialization_method="estimated")  # fmt: skip
+            model = ExponentialSmoothing(
+                y,
+                trend="add",
+                damped_trend=True,
+                seasonal="add",
+                seasonal_periods=season,
+                initialization_method="estimated",
+            )
         elif method == "holt":
             model = ExponentialSmoothing(y, trend="add", damped_trend=True, initialization_method="estimated")
         else:
@@ -82,14 +94,22 @@ def forecast_peak(values: list[float], step_s: float, horizon_s: float) -> Forec
     if not ok.any():
         return Forecast(False, "no history: Prometheus holds no samples of the request rate", history_s=0.0)
     if (~ok).mean() > MAX_GAPS:
-        return Forecast(False, f"{(~ok).sum()} of {n} samples missing (Prometheus down, or no instance up): too "
-                        "gappy to forecast", history_s=history, points=int(ok.sum()))  # fmt: skip
+        return Forecast(
+            False,
+            f"{(~ok).sum()} of {n} samples missing (Prometheus down, or no instance up): too gappy to forecast",
+            history_s=history,
+            points=int(ok.sum()),
+        )
     idx = np.arange(n)
     y = np.interp(idx, idx[ok], raw[ok])  # the few missing samples filled linearly
     if n < 2 * steps:
-        return Forecast(False, f"{n} samples ({history / 3600:.1f} h) of history; a forecast {horizon_s / 3600:.1f} h "
-                        "ahead needs twice that (one horizon to fit, one to check it on)", history_s=history,
-                        points=n)  # fmt: skip
+        return Forecast(
+            False,
+            f"{n} samples ({history / 3600:.1f} h) of history; a forecast {horizon_s / 3600:.1f} h "
+            "ahead needs twice that (one horizon to fit, one to check it on)",
+            history_s=history,
+            points=n,
+        )
     season = int(round(DAY_S / step_s))
     method = _method(n - steps, season)
     if method is None:

@@ -33,8 +33,9 @@ def seconds(duration: str) -> float:
     return int(m.group(1)) * SECONDS[m.group(2)]
 
 
-def api_result(prometheus: str, endpoint: str, params: dict[str, str], timeout: float,
-               error: type[Exception] = HistoryError) -> list[dict]:  # fmt: skip
+def api_result(
+    prometheus: str, endpoint: str, params: dict[str, str], timeout: float, error: type[Exception] = HistoryError
+) -> list[dict]:
     """``/api/v1/<endpoint>``'s result (advise's instant queries and the range queries here); ``error`` names the
     URL and the expression when Prometheus does not answer or refuses."""
     url = f"{prometheus.rstrip('/')}/api/v1/{endpoint}?{urllib.parse.urlencode(params)}"
@@ -49,8 +50,9 @@ def api_result(prometheus: str, endpoint: str, params: dict[str, str], timeout: 
     return body["data"]["result"]
 
 
-def range_query(prometheus: str, expr: str, start: float, end: float, step_s: float,
-                timeout: float = 30.0) -> list[tuple[float, float]]:  # fmt: skip
+def range_query(
+    prometheus: str, expr: str, start: float, end: float, step_s: float, timeout: float = 30.0
+) -> list[tuple[float, float]]:
     """``/api/v1/query_range`` -> [(unix time, value)] of the one series the expression returns (summed when it
     returns several); NaN samples dropped."""
     params = {"query": expr, "start": f"{start:.0f}", "end": f"{end:.0f}", "step": f"{step_s:.0f}"}
@@ -80,12 +82,19 @@ class LoadHistory:
 def queries(layout: str, step_s: float) -> dict[str, str]:
     sel = '{pd_role="decode"}' if layout == "pd" else ""
     w = f"{max(60, int(step_s))}s"
-    return {k: f"sum(rate(vllm:{m}{sel}[{w}]))" for k, m in (("requests", "request_success_total"),
-            ("prompt_tokens", "prompt_tokens_total"), ("generation_tokens", "generation_tokens_total"))}  # fmt: skip
+    return {
+        k: f"sum(rate(vllm:{m}{sel}[{w}]))"
+        for k, m in (
+            ("requests", "request_success_total"),
+            ("prompt_tokens", "prompt_tokens_total"),
+            ("generation_tokens", "generation_tokens_total"),
+        )
+    }
 
 
-def load_history(prometheus: str, layout: str, lookback_s: float, step_s: float, now: float | None = None,
-                 timeout: float = 30.0) -> LoadHistory:  # fmt: skip
+def load_history(
+    prometheus: str, layout: str, lookback_s: float, step_s: float, now: float | None = None, timeout: float = 30.0
+) -> LoadHistory:
     end = time.time() if now is None else now
     start = end - lookback_s
     exprs = queries(layout, step_s)

@@ -31,8 +31,9 @@ class LiveBenchError(RuntimeError):
 BACKEND_ENDPOINTS = {"vllm": "/v1/completions", "openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 
 
-def endpoints_from_cluster(cluster: Cluster, redeploy: bool = False,
-                           backend: str = "vllm") -> tuple[BenchEndpoints, str]:  # fmt: skip
+def endpoints_from_cluster(
+    cluster: Cluster, redeploy: bool = False, backend: str = "vllm"
+) -> tuple[BenchEndpoints, str]:
     """(endpoints, router host name) for the resolved cluster (pdinfra.cluster).
 
     redeploy=False: agg = the first decode instance served directly. redeploy=True: agg = the router in front
@@ -89,9 +90,13 @@ class LayoutDeployer:
         if self.progress:
             self.progress(f"deploying the {layout} layout (site.yml --tags {LAYOUT_TAGS} -e pdinfra_layout={layout})")
         # A layout switch changes every instance's KV role at once: it cannot be rolled pair by pair.
-        res = run_playbook(self.inventory, "site.yml", ["--tags", LAYOUT_TAGS, "-e", f"pdinfra_layout={layout}",
-                                                        "-e", "vllm_instance_rolling=false"],
-                           log=self.log_dir / f"deploy-{layout}.log", timeout_s=3600)  # fmt: skip
+        res = run_playbook(
+            self.inventory,
+            "site.yml",
+            ["--tags", LAYOUT_TAGS, "-e", f"pdinfra_layout={layout}", "-e", "vllm_instance_rolling=false"],
+            log=self.log_dir / f"deploy-{layout}.log",
+            timeout_s=3600,
+        )
         if res.rc != 0:
             tail = res.summary(3000)
             raise LiveBenchError(f"deploying the {layout} layout failed (log: {res.log}):\n{tail}")

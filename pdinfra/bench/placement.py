@@ -93,8 +93,13 @@ def _free_name(role: str, taken: set[str]) -> str:
 
 def _points(cluster: Cluster, role: str, attr: str) -> list[tuple[int, int]]:
     """(k, value) of the role's instances named ``<role><k>``."""
-    return sorted({(int(m.group(1)), getattr(i, attr)) for i in cluster.instances
-                   if i.role == role and (m := re.fullmatch(rf"{role}(\d+)", i.name))})  # fmt: skip
+    return sorted(
+        {
+            (int(m.group(1)), getattr(i, attr))
+            for i in cluster.instances
+            if i.role == role and (m := re.fullmatch(rf"{role}(\d+)", i.name))
+        }
+    )
 
 
 def _stride(pts: list[tuple[int, int]]) -> int | None:
@@ -158,9 +163,14 @@ def place(cluster: Cluster, config: Config, hw: Hardware) -> Placement:
     order = {h.name: n for n, h in enumerate(cluster.pd_hosts)}
     per_host = {h.name: sum(i.host == h.name for i in cluster.instances) for h in cluster.pd_hosts}
     prefer = sorted(cluster.instances, key=lambda i: (-per_host.get(i.host, 0), order.get(i.host, 0), _natural(i.name)))
-    roles = ([("prefill", config.prefill, config.prefill_profile.shape), ("decode", config.decode,
-             config.decode_profile.shape)] if config.layout == "pd" else
-             [("agg", config.prefill, config.prefill_profile.shape)])  # fmt: skip
+    roles = (
+        [
+            ("prefill", config.prefill, config.prefill_profile.shape),
+            ("decode", config.decode, config.decode_profile.shape),
+        ]
+        if config.layout == "pd"
+        else [("agg", config.prefill, config.prefill_profile.shape)]
+    )
     kept: dict[str, list[Instance]] = {}
     for role, _n, shape in roles:
         kept[role] = [i for i in prefer if (role == "agg" or i.role == role) and fits(i, shape)]
@@ -188,14 +198,19 @@ def place(cluster: Cluster, config: Config, hw: Hardware) -> Placement:
         if i.name in retarget:
             role = retarget[i.name]
             name = _free_name(role, names)
-            slots.append(Slot(i.host, name, role, i.index, {"name": name, "role": role}, note=f"was {i.name} "
-                              f"({i.role})"))  # fmt: skip
-            lines.append(f"{i.host}: {i.name} ({i.role}) becomes {name} ({role}), port {i.port} and side channel "
-                         f"{i.side_channel_port} kept")  # fmt: skip
+            slots.append(
+                Slot(i.host, name, role, i.index, {"name": name, "role": role}, note=f"was {i.name} ({i.role})")
+            )
+            lines.append(
+                f"{i.host}: {i.name} ({i.role}) becomes {name} ({role}), port {i.port} and side channel "
+                f"{i.side_channel_port} kept"
+            )
         else:
             slots.append(Slot(i.host, i.name, i.role, i.index, {}, note="kept"))
-    lines += [f"{i.host}: {i.name} ({i.role}) removed" for i in sorted(removed, key=lambda i: (order[i.host],
-                                                                                            _natural(i.name)))]
+    lines += [
+        f"{i.host}: {i.name} ({i.role}) removed"
+        for i in sorted(removed, key=lambda i: (order[i.host], _natural(i.name)))
+    ]
     wanted = [("decode" if r == "agg" else r, s) for r, n, s in roles for _ in range(n - len(kept[r]))]
     new_slots, left = _add(cluster, hw, sorted(wanted, key=lambda rs: -rs[1].units), keep, names, order)
     if left:
@@ -211,8 +226,9 @@ def place(cluster: Cluster, config: Config, hw: Hardware) -> Placement:
 Wanted = list[tuple[str, Shape]]  # (role, shape) of instances to add, or left over
 
 
-def _add(cluster: Cluster, hw: Hardware, wanted: Wanted, keep: list[Instance], names: set[str],
-         order: dict[str, int]) -> tuple[list[Slot], Wanted]:  # fmt: skip
+def _add(
+    cluster: Cluster, hw: Hardware, wanted: Wanted, keep: list[Instance], names: set[str], order: dict[str, int]
+) -> tuple[list[Slot], Wanted]:
     """New instances on free units, the largest first; (slots, what did not fit)."""
     hosts = {h.name: h for h in cluster.pd_hosts}
     on = {h: [i for i in keep if i.host == h] for h in hosts}
@@ -242,7 +258,7 @@ def _add(cluster: Cluster, hw: Hardware, wanted: Wanted, keep: list[Instance], n
             continue
         h = min(fit, key=lambda h: (-same[h], -count[h], order[h]))
         name = _free_name(role, names)
-        k = int(name[len(role):])
+        k = int(name[len(role) :])
         pb, ps = _pattern(cluster, role, "port", PORT_BASE[role])
         sb, ss = _pattern(cluster, role, "side_channel_port", SIDE_BASE if role == "prefill" else SIDE_BASE + 10)
         port = next(p for p in range(pb + ps * k, 65536) if p not in claimed[h])
@@ -256,28 +272,42 @@ def _add(cluster: Cluster, hw: Hardware, wanted: Wanted, keep: list[Instance], n
             where = f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
         else:
             cores = free[h][: shape.units]
-            values |= {"cpu_affinity": _fmt_cores(cores) if pinned_all[h] else None,
-                       "tensor_parallel_size": shape.tp if shape.tp > 1 else None}  # fmt: skip
+            values |= {
+                "cpu_affinity": _fmt_cores(cores) if pinned_all[h] else None,
+                "tensor_parallel_size": shape.tp if shape.tp > 1 else None,
+            }
             where = f"core{'s' if len(cores) > 1 else ''} {_fmt_cores(cores)}" if pinned_all[h] else "unpinned"
             gpus = cores
         free[h] = [u for u in free[h] if u not in gpus]
         like = next((i for i in on[h] + keep if i.role == role), None) or like_any
-        slots.append(Slot(h, name, role, None, values, like=(like.host, like.index) if like else None,
-                          note=f"{where}, port {port}, side channel {side}"))  # fmt: skip
+        slots.append(
+            Slot(
+                h,
+                name,
+                role,
+                None,
+                values,
+                like=(like.host, like.index) if like else None,
+                note=f"{where}, port {port}, side channel {side}",
+            )
+        )
     return slots, left
 
 
-def _refusal(cluster: Cluster, config: Config, hw: Hardware, keep: list[Instance], added: list[Slot],
-             left: Wanted) -> str:  # fmt: skip
+def _refusal(
+    cluster: Cluster, config: Config, hw: Hardware, keep: list[Instance], added: list[Slot], left: Wanted
+) -> str:
     """What does not fit, and what to add: hosts like the inventory's, each of the plan's host size."""
     unit = hw.unit
     have = {h.name: _host_units(h, hw) for h in cluster.pd_hosts}
     short = ", ".join(f"{role} ({s.units} {unit}{'s' if s.units > 1 else ''})" for role, s in left)
     add = hosts_needed([s.units for _r, s in left], hw.units_per_host) or 1
     placed = f"; it would add {', '.join(f'{s.name} on {s.host}' for s in added)}" if added else ""
-    return (f"{config.label} needs {config.units} {unit}s; the inventory's {len(have)} PD host(s) have "
-            f"{sum(have.values())} ({', '.join(f'{h} {n}' for h, n in have.items())}), kept "
-            f"{', '.join(i.name for i in keep) or 'nothing'}{placed}, and no host has room for {len(left)} more "
-            f"instance(s): {short}. Add {add} host(s) of {cluster.pd_hosts[0].hardware} ({hw.units_per_host} "
-            f"{unit}s each) to pd_cluster with their pdinfra_address, or plan with --max-hosts {len(have)} to stay "
-            "on the inventory's hosts; nothing was written")
+    return (
+        f"{config.label} needs {config.units} {unit}s; the inventory's {len(have)} PD host(s) have "
+        f"{sum(have.values())} ({', '.join(f'{h} {n}' for h, n in have.items())}), kept "
+        f"{', '.join(i.name for i in keep) or 'nothing'}{placed}, and no host has room for {len(left)} more "
+        f"instance(s): {short}. Add {add} host(s) of {cluster.pd_hosts[0].hardware} ({hw.units_per_host} "
+        f"{unit}s each) to pd_cluster with their pdinfra_address, or plan with --max-hosts {len(have)} to stay "
+        "on the inventory's hosts; nothing was written"
+    )

@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from pdinfra.cluster.slo import GOODPUT_KEYS, SLO, fmt_num  # noqa: F401  (re-exported)
+from pdinfra.cluster.slo import fmt_num
 
 LAYOUTS = ("agg", "pd")
 
@@ -202,9 +202,16 @@ def kv_trace_plan() -> BenchPlan:
     """Load for recording KV layout traces on the local stack (vllm_instance_kv_trace; docs/transfer.md): PD only,
     prompts of varied length (256 and 1024 tokens +-50%), half of them sharing a 192-token prefix (prefix-cache
     hits on both sides), 8-token answers, concurrency 1, 4 and 8."""
-    return BenchPlan(name="kv-trace", layouts=("pd",), input_lens=(256, 1024), output_lens=(8,),
-                     concurrencies=(1, 4, 8), prompts_per_concurrency=8, prefix_lens=(0, 192),
-                     range_ratio=0.5)  # fmt: skip
+    return BenchPlan(
+        name="kv-trace",
+        layouts=("pd",),
+        input_lens=(256, 1024),
+        output_lens=(8,),
+        concurrencies=(1, 4, 8),
+        prompts_per_concurrency=8,
+        prefix_lens=(0, 192),
+        range_ratio=0.5,
+    )
 
 
 def long_plan() -> BenchPlan:
@@ -212,8 +219,9 @@ def long_plan() -> BenchPlan:
     8 and 16, 4 prompts per unit of concurrency. Meant for the 1 prefill + 1 decode inventory
     (inventory/local-1p1d) with ``--redeploy``; 6 minutes with both redeploys on the 2-core build machine
     (docs/reports/2026-12-02-local-long-1p1d)."""
-    return BenchPlan(name="long", input_lens=(1536,), output_lens=(64,), concurrencies=(1, 4, 8, 16),
-                     prompts_per_concurrency=4)  # fmt: skip
+    return BenchPlan(
+        name="long", input_lens=(1536,), output_lens=(64,), concurrencies=(1, 4, 8, 16), prompts_per_concurrency=4
+    )
 
 
 PLANS = {"default": default_plan, "seeds": default_plan, "small": small_plan, "long": long_plan,

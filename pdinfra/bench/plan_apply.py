@@ -30,9 +30,9 @@ from pdinfra.bench.plan import BenchPoint
 from pdinfra.bench.planner import Hardware, Option, Plan
 from pdinfra.bench.predict import Config, Load, Prediction, predict
 from pdinfra.cluster import edit
+from pdinfra.cluster.checker import ClusterError
 from pdinfra.cluster.inventory import InventoryError
 from pdinfra.cluster.model import Cluster
-from pdinfra.cluster.resolve import ClusterError
 
 TAGS = apply.TAGS
 COMMENT = "set by pdinfra plan --apply"
@@ -97,9 +97,14 @@ class Outcome:
     comparison: plan_check.Comparison | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"applied": self.applied, "declined": self.declined, "reason": self.reason, "diff": self.diff,
-                "run_dir": str(self.run_dir) if self.run_dir else None,
-                "comparison": self.comparison.to_dict() if self.comparison else None}  # fmt: skip
+        return {
+            "applied": self.applied,
+            "declined": self.declined,
+            "reason": self.reason,
+            "diff": self.diff,
+            "run_dir": str(self.run_dir) if self.run_dir else None,
+            "comparison": self.comparison.to_dict() if self.comparison else None,
+        }
 
 
 def edits_for(source: Path, cluster: Cluster, placed: placement.Placement) -> list[edit.Edit]:
@@ -111,7 +116,8 @@ def edits_for(source: Path, cluster: Cluster, placed: placement.Placement) -> li
             continue
         items = [edit.Item(s.values, s.index, s.like) for s in slots]
         what = f"pdinfra_instances on {h.name}: {', '.join(i.name for i in h.instances) or 'none'} -> " + (
-            ", ".join(s.name for s in slots) or "none")
+            ", ".join(s.name for s in slots) or "none"
+        )
         out.append(edit.set_instances(source, h.name, items, what))
     if placed.layout != cluster.layout:
         out.append(edit.set_cluster_var(source, "pdinfra_layout", placed.layout, comment=COMMENT))
@@ -143,8 +149,16 @@ def _write(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
 
 
-def _check(source: Path, after: Cluster, opt: Option, the_plan: Plan, console: PlanConsole, run_dir: Path,
-           rate: float | None, prompts: int) -> plan_check.Comparison:  # fmt: skip
+def _check(
+    source: Path,
+    after: Cluster,
+    opt: Option,
+    the_plan: Plan,
+    console: PlanConsole,
+    run_dir: Path,
+    rate: float | None,
+    prompts: int,
+) -> plan_check.Comparison:
     """Measure the deployed ``after`` at the rate and compare with ``opt``'s configuration predicted there."""
     r = plan_check.rounded(rate or the_plan.planned_rate)
     pred = predict(opt.config, Load(r, the_plan.load.isl, the_plan.load.osl), the_plan.slo.attainment)
@@ -159,9 +173,17 @@ def _check(source: Path, after: Cluster, opt: Option, the_plan: Plan, console: P
     return comparison
 
 
-def apply_plan(source: Path, cluster: Cluster, the_plan: Plan, console: PlanConsole, *, yes: bool = False,
-               out: Path | None = None, rate: float | None = None,
-               prompts: int = DEFAULT_MEASURE_PROMPTS) -> Outcome:  # fmt: skip
+def apply_plan(
+    source: Path,
+    cluster: Cluster,
+    the_plan: Plan,
+    console: PlanConsole,
+    *,
+    yes: bool = False,
+    out: Path | None = None,
+    rate: float | None = None,
+    prompts: int = DEFAULT_MEASURE_PROMPTS,
+) -> Outcome:
     """``plan --apply``: the plan's chosen configuration placed on the inventory ``source`` (resolved as
     ``cluster``), shown, asked (unless yes), written and deployed, then measured at ``rate`` (default the planned
     rate) with at most ``prompts`` prompts and compared with its prediction there. Raises :class:`PlanApplyFailed`
@@ -196,20 +218,31 @@ def apply_plan(source: Path, cluster: Cluster, the_plan: Plan, console: PlanCons
         comparison = _check(source, change.after, the_plan.chosen, the_plan, console, run_dir, rate, prompts)
     except PlanApplyFailed as exc:
         if change.edits:
-            raise PlanApplyFailed(f"{exc} (the change is deployed; to revert it: patch -R -p1 -d {inv_dir} < "
-                                  f"{run_dir / 'change.diff'}, then site.yml --tags {TAGS})") from exc  # fmt: skip
+            raise PlanApplyFailed(
+                f"{exc} (the change is deployed; to revert it: patch -R -p1 -d {inv_dir} < "
+                f"{run_dir / 'change.diff'}, then site.yml --tags {TAGS})"
+            ) from exc
         raise
     return Outcome(applied=bool(change.edits), diff=diff, run_dir=run_dir, comparison=comparison)
 
 
-def measure_deployed(source: Path, cluster: Cluster, the_plan: Plan, console: PlanConsole, *,
-                     out: Path | None = None, rate: float | None = None,
-                     prompts: int = DEFAULT_MEASURE_PROMPTS) -> Outcome:  # fmt: skip
+def measure_deployed(
+    source: Path,
+    cluster: Cluster,
+    the_plan: Plan,
+    console: PlanConsole,
+    *,
+    out: Path | None = None,
+    rate: float | None = None,
+    prompts: int = DEFAULT_MEASURE_PROMPTS,
+) -> Outcome:
     """``plan --measure-only``: the deployed configuration measured at ``rate`` (default the planned rate) and
     compared with the plan's prediction for it; nothing is edited."""
     if the_plan.deployed is None:
-        raise PlanApplyFailed("the deployed configuration cannot be predicted: a role's TP has no profile (give a "
-                              "profile of each deployed shape with -p)")  # fmt: skip
+        raise PlanApplyFailed(
+            "the deployed configuration cannot be predicted: a role's TP has no profile (give a "
+            "profile of each deployed shape with -p)"
+        )
     run_dir = new_run_dir(out or default_out())
     _write(run_dir / "plan.json", the_plan.to_dict())
     comparison = _check(Path(source), cluster, the_plan.deployed, the_plan, console, run_dir, rate, prompts)

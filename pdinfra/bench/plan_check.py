@@ -44,8 +44,9 @@ def point(layout: str, rate: float, isl: float, osl: float, cap: int) -> BenchPo
     """The bench point that measures a plan: open loop at ``rate``, ``max(30, 60 x rate)`` prompts, at most cap."""
     rate = rounded(rate)
     n = max(1, min(cap, max(MIN_PROMPTS, math.ceil(rate * MEASURE_S))))
-    return BenchPoint(layout, max(1, round(isl)), max(1, round(osl)), max_concurrency=n, num_prompts=n,
-                      request_rate=rate)  # fmt: skip
+    return BenchPoint(
+        layout, max(1, round(isl)), max(1, round(osl)), max_concurrency=n, num_prompts=n, request_rate=rate
+    )
 
 
 def warm_up(source: Path, layout: str, log_dir: Path) -> None:
@@ -58,8 +59,14 @@ def measure(source: Path, cluster: Cluster, pt: BenchPoint, slo: SLO, run_dir: P
     (argv, seed, times, server metrics, vLLM's result under ``result``), saved as ``run_dir/measure.json``."""
     warm_up(source, pt.layout, run_dir)
     endpoints, router_host = live.endpoints_from_cluster(cluster, redeploy=True)  # the router, in either layout
-    ctx = runner.SweepContext(run_id=f"plan-{run_dir.name}", run_dir=run_dir, slo=slo, endpoints=endpoints,
-                              scrape=live.http_scrape, vllm_cmd=runner.vllm_bench_cmd(cluster.venv))  # fmt: skip
+    ctx = runner.SweepContext(
+        run_id=f"plan-{run_dir.name}",
+        run_dir=run_dir,
+        slo=slo,
+        endpoints=endpoints,
+        scrape=live.http_scrape,
+        vllm_cmd=runner.vllm_bench_cmd(cluster.venv),
+    )
     executor = live.AnsibleExecutor(source, router_host, run_dir / ".fetched")
     record = runner.run_point(pt, executor, ctx)
     saved = runner.point_record_path(run_dir, pt)
@@ -67,8 +74,9 @@ def measure(source: Path, cluster: Cluster, pt: BenchPoint, slo: SLO, run_dir: P
     if not any(saved.parent.iterdir()):
         saved.parent.rmdir()
     if record["pdinfra"]["error"] or not isinstance(record.get("result"), dict):
-        raise MeasureError(f"vllm bench serve gave no result ({record['pdinfra']['error']}); the record: "
-                           f"{run_dir / 'measure.json'}")  # fmt: skip
+        raise MeasureError(
+            f"vllm bench serve gave no result ({record['pdinfra']['error']}); the record: {run_dir / 'measure.json'}"
+        )
     return record
 
 
@@ -133,10 +141,21 @@ class Comparison:
         return None if None in flags else True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "rate": self.rate, "isl": self.isl, "osl": self.osl, "prompts": self.prompts,
-                "completed": self.completed, "failed": self.failed, "attainment": self.attainment,
-                "tolerance": TOLERANCE, "slo_met": self.slo_met, "all_within_tolerance": self.all_within,
-                "rows": [r.to_dict() for r in self.rows], "notes": self.notes}  # fmt: skip
+        return {
+            "config": self.config,
+            "rate": self.rate,
+            "isl": self.isl,
+            "osl": self.osl,
+            "prompts": self.prompts,
+            "completed": self.completed,
+            "failed": self.failed,
+            "attainment": self.attainment,
+            "tolerance": TOLERANCE,
+            "slo_met": self.slo_met,
+            "all_within_tolerance": self.all_within,
+            "rows": [r.to_dict() for r in self.rows],
+            "notes": self.notes,
+        }
 
 
 def _num(v: Any) -> float | None:
@@ -189,8 +208,9 @@ def compare(pred: Prediction, result: dict[str, Any], slo: SLO) -> Comparison:
         Row("output tokens/s", rate * osl, _num(result.get("output_throughput"))),
         # within the SLO, at least the attainment's share of the requests is good: a floor, not a point estimate
         Row("goodput req/s (at least)", rate * q if pred.meets(slo) else None, good, judged=False),
-        Row("requests within the SLO's bounds", q, share, q if slo.request_bounds else None, judged=False,
-            at_least=True),
+        Row(
+            "requests within the SLO's bounds", q, share, q if slo.request_bounds else None, judged=False, at_least=True
+        ),
     ]
     notes = []
     if failed:
@@ -201,11 +221,14 @@ def compare(pred: Prediction, result: dict[str, Any], slo: SLO) -> Comparison:
         notes.append(f"the prediction is {pred.status}: {'; '.join(n for n in pred.notes if n)}")
     offered = _num(result.get("request_rate"))
     if offered is None:
-        notes.append(f"the result's request rate is {result.get('request_rate')!r}, not an open-loop rate: the "
-                     f"prediction is for Poisson arrivals at {rate:g} req/s")  # fmt: skip
+        notes.append(
+            f"the result's request rate is {result.get('request_rate')!r}, not an open-loop rate: the "
+            f"prediction is for Poisson arrivals at {rate:g} req/s"
+        )
     elif abs(offered - rate) > 1e-6 * max(1.0, rate):
         notes.append(f"the measurement ran at {offered:g} req/s, the prediction is for {rate:g}")
     if thr is not None and thr < rate * (1 - TOLERANCE):
         notes.append(f"served {thr:.2f} req/s of the {rate:.2f} offered: the cluster did not keep up")
-    return Comparison(pred.config.label, rate, pred.load.isl, osl, completed + failed, completed, failed, q, rows,
-                      notes)  # fmt: skip
+    return Comparison(
+        pred.config.label, rate, pred.load.isl, osl, completed + failed, completed, failed, q, rows, notes
+    )

@@ -24,8 +24,14 @@ def affinity_cores(affinity: str) -> set[int]:
     return out
 
 
-def hardware(profiles: list[Profile], cluster: Cluster | None, units_per_host: int | None, hosts: int | None,
-             max_hosts: int | None, price: Price | None) -> Hardware:  # fmt: skip
+def hardware(
+    profiles: list[Profile],
+    cluster: Cluster | None,
+    units_per_host: int | None,
+    hosts: int | None,
+    max_hosts: int | None,
+    price: Price | None,
+) -> Hardware:
     """The hosts to plan on. Explicit values win; else the inventory's: a GPU host's GPU count from its hardware
     profile (or pdinfra_expect), a CPU host's cores from its instances' CPUAffinity (the most any host pins); the
     price from pdinfra_price or the hardware profile, else the profiles' hardware's list price."""
@@ -35,8 +41,10 @@ def hardware(profiles: list[Profile], cluster: Cluster | None, units_per_host: i
         if device == "gpu":
             counts = {h.gpu_count for h in pd_hosts}
             if None in counts or len(counts) != 1:
-                raise PlanError("the inventory's hosts do not all declare one GPU count (pdinfra_hardware or "
-                                "pdinfra_expect.gpu_count): give --gpus-per-host")  # fmt: skip
+                raise PlanError(
+                    "the inventory's hosts do not all declare one GPU count (pdinfra_hardware or "
+                    "pdinfra_expect.gpu_count): give --gpus-per-host"
+                )
             units_per_host = counts.pop()
         else:
             used = [len(set().union(*(affinity_cores(i.cpu_affinity) for i in h.instances))) for h in pd_hosts]
@@ -82,8 +90,15 @@ class ForecastLoad:
     history: history.LoadHistory
 
 
-def forecast_load(prometheus: str, layout: str, horizon_s: float, lookback_s: float, step_s: float,
-                  isl: float | None = None, osl: float | None = None) -> ForecastLoad:  # fmt: skip
+def forecast_load(
+    prometheus: str,
+    layout: str,
+    horizon_s: float,
+    lookback_s: float,
+    step_s: float,
+    isl: float | None = None,
+    osl: float | None = None,
+) -> ForecastLoad:
     """The next horizon's peak rate, with the history's ISL/OSL unless given."""
     h = history.load_history(prometheus, layout, lookback_s, step_s)
     f = forecast.forecast_peak(h.rate, step_s, horizon_s)

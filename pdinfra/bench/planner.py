@@ -107,20 +107,43 @@ class Plan:
             if o is None:
                 return None
             p = o.prediction
-            return {"config": o.config.label, "layout": o.config.layout, "prefill": o.config.prefill,
-                    "decode": o.config.decode, "tp_prefill": o.config.prefill_profile.shape.tp,
-                    "tp_decode": o.config.decode_profile.shape.tp, "units": o.units, "hosts": o.hosts,
-                    "cost_per_hour": o.cost_per_hour, "meets": o.meets, "violations": o.violations,
-                    "ttft_ms": p.ttft_ms, "itl_p99_ms": p.itl_p99_ms, "tpot_ms": p.tpot_ms, "e2el_ms": p.e2el_ms,
-                    "prefill_util": p.prefill_util, "decode_batch": p.decode_batch, "status": p.status,
-                    "notes": p.notes, "goodput_rps": o.goodput_rps, "tokens_per_dollar": o.tokens_per_dollar,
-                    "tokens_per_user_per_dollar": o.tokens_per_user_per_dollar}  # fmt: skip
+            return {
+                "config": o.config.label,
+                "layout": o.config.layout,
+                "prefill": o.config.prefill,
+                "decode": o.config.decode,
+                "tp_prefill": o.config.prefill_profile.shape.tp,
+                "tp_decode": o.config.decode_profile.shape.tp,
+                "units": o.units,
+                "hosts": o.hosts,
+                "cost_per_hour": o.cost_per_hour,
+                "meets": o.meets,
+                "violations": o.violations,
+                "ttft_ms": p.ttft_ms,
+                "itl_p99_ms": p.itl_p99_ms,
+                "tpot_ms": p.tpot_ms,
+                "e2el_ms": p.e2el_ms,
+                "prefill_util": p.prefill_util,
+                "decode_batch": p.decode_batch,
+                "status": p.status,
+                "notes": p.notes,
+                "goodput_rps": o.goodput_rps,
+                "tokens_per_dollar": o.tokens_per_dollar,
+                "tokens_per_user_per_dollar": o.tokens_per_user_per_dollar,
+            }
 
-        return {"load": vars(self.load), "planned_rate": self.planned_rate, "slo": self.slo.to_dict(),
-                "headroom": self.headroom, "unit": self.hardware.unit,
-                "price": self.hardware.price.to_dict() if self.hardware.price else None,
-                "chosen": row(self.chosen), "deployed": row(self.deployed),
-                "options": [row(o) for o in self.options], "reasoning": self.reasoning}  # fmt: skip
+        return {
+            "load": vars(self.load),
+            "planned_rate": self.planned_rate,
+            "slo": self.slo.to_dict(),
+            "headroom": self.headroom,
+            "unit": self.hardware.unit,
+            "price": self.hardware.price.to_dict() if self.hardware.price else None,
+            "chosen": row(self.chosen),
+            "deployed": row(self.deployed),
+            "options": [row(o) for o in self.options],
+            "reasoning": self.reasoning,
+        }
 
 
 def enumerate_configs(profiles: list[Profile], hw: Hardware) -> list[tuple[Config, int]]:
@@ -166,20 +189,27 @@ def _money(o: Option, load: Load, hw: Hardware) -> None:
     if o.meets is not True:
         return
     o.tokens_per_dollar = cost.tokens_per_dollar(load.rate * load.osl, o.cost_per_hour)
-    o.tokens_per_user_per_dollar = cost.tokens_per_user_per_dollar(1000 / p.tpot_ms if p.tpot_ms else None,
-                                                                   o.cost_per_hour)  # fmt: skip
+    o.tokens_per_user_per_dollar = cost.tokens_per_user_per_dollar(
+        1000 / p.tpot_ms if p.tpot_ms else None, o.cost_per_hour
+    )
 
 
-def plan(load: Load, slo: SLO, profiles: list[Profile], hw: Hardware, headroom: float = 0.2,
-         deployed: Config | None = None, show: int = 12) -> Plan:  # fmt: skip
+def plan(
+    load: Load,
+    slo: SLO,
+    profiles: list[Profile],
+    hw: Hardware,
+    headroom: float = 0.2,
+    deployed: Config | None = None,
+    show: int = 12,
+) -> Plan:
     """Choose the cheapest configuration predicted to meet ``slo`` at ``load.rate x (1 + headroom)``."""
     if slo.empty:
         raise PlanError("the SLO sets no bound (pdinfra_slo: ttft_ms, itl_p99_ms, ...): nothing to plan against")
     if not (load.rate > 0 and load.isl > 0 and load.osl > 0):
         raise PlanError(f"the load must be positive: rate {load.rate:g} req/s, ISL {load.isl:g}, OSL {load.osl:g}")
     planned = Load(load.rate * (1 + headroom), load.isl, load.osl)
-    options = sorted((_option(c, n, planned, slo, hw) for c, n in enumerate_configs(profiles, hw)),
-                     key=Option.key)  # fmt: skip
+    options = sorted((_option(c, n, planned, slo, hw) for c, n in enumerate_configs(profiles, hw)), key=Option.key)
     meeting = [o for o in options if o.meets is True and o.prediction.status != "out-of-range"]
     chosen = meeting[0] if meeting else None
     shown: list[Option] = []
@@ -214,8 +244,12 @@ def reasoning(p: Plan, options: list[Option]) -> list[str]:
            f"{len(options)} configurations up to {hw.limit} hosts of {hw.units_per_host} {unit}s; "
            f"{sum(o.meets is True for o in options)} predicted within the SLO, "
            f"{sum(o.meets is None for o in options)} unknown (a reading beyond the profiles)"]  # fmt: skip
-    out.append(f"price: {hw.price.describe()}" if hw.price else "price: none (no pdinfra_price, no list price for "
-               f"{hw.name or 'this hardware'}): ranked by {unit}s, cost per token unknown")  # fmt: skip
+    out.append(
+        f"price: {hw.price.describe()}"
+        if hw.price
+        else "price: none (no pdinfra_price, no list price for "
+        f"{hw.name or 'this hardware'}): ranked by {unit}s, cost per token unknown"
+    )
     c = p.chosen
     if c is None:
         unknown = [o for o in options if o.meets is None]
@@ -229,22 +263,27 @@ def reasoning(p: Plan, options: list[Option]) -> list[str]:
         return out
     pr = c.prediction
     cost_text = f", {c.cost_per_hour:.2f} {hw.price.currency}/h" if c.cost_per_hour is not None and hw.price else ""
-    out.append(f"chosen: {c.config.label} on {c.units} {unit}s, {c.hosts} host(s){cost_text}: the cheapest predicted "
-               f"within the SLO (TTFT P{p.slo.attainment * 100:g} {pr.ttft_ms:.0f} ms, ITL P99 {pr.itl_p99_ms:.0f} "
-               f"ms, TPOT {pr.tpot_ms:.1f} ms at {p.planned_rate:.3g} req/s)")  # fmt: skip
+    out.append(
+        f"chosen: {c.config.label} on {c.units} {unit}s, {c.hosts} host(s){cost_text}: the cheapest predicted "
+        f"within the SLO (TTFT P{p.slo.attainment * 100:g} {pr.ttft_ms:.0f} ms, ITL P99 {pr.itl_p99_ms:.0f} "
+        f"ms, TPOT {pr.tpot_ms:.1f} ms at {p.planned_rate:.3g} req/s)"
+    )
     if pr.status not in ("measured", "interpolated"):
-        out.append(f"mark: its prediction is {pr.status} ({'; '.join(n for n in pr.notes if n)}): profile that "
-                   "range before trusting it")  # fmt: skip
+        out.append(
+            f"mark: its prediction is {pr.status} ({'; '.join(n for n in pr.notes if n)}): profile that "
+            "range before trusting it"
+        )
     for layout in ("agg", "pd"):
         best = next((o for o in options if o.meets is True and o.config.layout == layout), None)
         if best is None:
             out.append(f"{layout}: no configuration within the SLO")
         elif best is not c:
-            extra = (f"{best.cost_per_hour - c.cost_per_hour:+.2f} {hw.price.currency}/h" if hw.price and
-                     best.cost_per_hour is not None and c.cost_per_hour is not None else
-                     f"{best.units - c.units:+d} {unit}s")  # fmt: skip
-            out.append(f"{layout}: the best is {best.config.label} ({best.units} {unit}s, {extra} against the "
-                       "chosen)")  # fmt: skip
+            extra = (
+                f"{best.cost_per_hour - c.cost_per_hour:+.2f} {hw.price.currency}/h"
+                if hw.price and best.cost_per_hour is not None and c.cost_per_hour is not None
+                else f"{best.units - c.units:+d} {unit}s"
+            )
+            out.append(f"{layout}: the best is {best.config.label} ({best.units} {unit}s, {extra} against the chosen)")
     misses = [o for o in options if o.key() < c.key()][:3]
     for o in misses:
         why = "; ".join(o.violations) or "; ".join(o.prediction.notes[:1]) or "unknown"
@@ -253,8 +292,10 @@ def reasoning(p: Plan, options: list[Option]) -> list[str]:
         have = hw.hosts * hw.units_per_host
         buy = max(0, c.hosts - hw.hosts)
         verdict = f"add {buy} host(s)" if buy else "no hardware to add"
-        out.append(f"inventory: {hw.hosts} host(s) x {hw.units_per_host} {unit}s = {have}; the plan uses {c.hosts} "
-                   f"host(s), {c.units} {unit}s: {verdict}")  # fmt: skip
+        out.append(
+            f"inventory: {hw.hosts} host(s) x {hw.units_per_host} {unit}s = {have}; the plan uses {c.hosts} "
+            f"host(s), {c.units} {unit}s: {verdict}"
+        )
     if p.deployed is not None:
         d = p.deployed
         state = {True: "within the SLO", False: f"misses it ({'; '.join(d.violations)})", None: "unknown"}[d.meets]

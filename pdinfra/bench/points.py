@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdinfra.bench.plan import METRICS, PERCENTILES, SLO, BenchPoint, pct_word
+from pdinfra.bench.plan import METRICS, PERCENTILES, BenchPoint, pct_word
+from pdinfra.cluster.slo import SLO
 
 STATS = ("mean", *(f"p{pct_word(p)}" for p in PERCENTILES))  # mean, p50, p90, p99, p99.9
 VALID = "ok"
@@ -33,14 +34,14 @@ def percentile(values: Iterable[float], p: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _num(value: Any) -> float | None:
+def num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     value = float(value)
     return value if math.isfinite(value) else None
 
 
-def _mean(values: list[float]) -> float | None:
+def mean_of(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
@@ -215,16 +216,16 @@ class PointResult:
 
 def _sum_role(instances: dict[str, Any], roles: tuple[str, ...], section: str, key: str) -> float | None:
     vals = [
-        _num(inst.get(section, {}).get(key))
+        num(inst.get(section, {}).get(key))
         for inst in instances.values()
-        if inst.get("role") in roles and _num(inst.get(section, {}).get(key)) is not None
+        if inst.get("role") in roles and num(inst.get(section, {}).get(key)) is not None
     ]
     return sum(v for v in vals if v is not None) if vals else None
 
 
 def _peak_role(instances: dict[str, Any], role: str, key: str) -> float | None:
     vals = [
-        _num(inst.get("during", {}).get("peak", {}).get(key)) for inst in instances.values() if inst.get("role") == role
+        num(inst.get("during", {}).get("peak", {}).get(key)) for inst in instances.values() if inst.get("role") == role
     ]
     vals = [v for v in vals if v is not None]
     return max(vals) if vals else None
@@ -295,11 +296,11 @@ def analyze_point(
     if not isinstance(res, dict):
         return pr
 
-    pr.completed = int(res["completed"]) if _num(res.get("completed")) is not None else None
-    pr.failed = int(res["failed"]) if _num(res.get("failed")) is not None else None
-    pr.duration_s = _num(res.get("duration"))
-    pr.request_throughput = _num(res.get("request_throughput"))
-    pr.output_throughput = _num(res.get("output_throughput"))
+    pr.completed = int(res["completed"]) if num(res.get("completed")) is not None else None
+    pr.failed = int(res["failed"]) if num(res.get("failed")) is not None else None
+    pr.duration_s = num(res.get("duration"))
+    pr.request_throughput = num(res.get("request_throughput"))
+    pr.output_throughput = num(res.get("output_throughput"))
     detail = Detail.from_result(res)
     if pr.failed is None and detail is not None:
         pr.failed = sum(1 for ok in detail.ok if not ok)
@@ -322,13 +323,13 @@ def analyze_point(
         series = detail.series(metric) if detail else []
         for which in STATS:
             key = f"{which}_{metric}_ms"
-            value = _num(res.get(key))
+            value = num(res.get(key))
             if value is None and which == "p50":
-                value = _num(res.get(f"median_{metric}_ms"))
+                value = num(res.get(f"median_{metric}_ms"))
             if value is not None:
                 sources.add("vllm")
             elif series:
-                value = _mean(series) if which == "mean" else percentile(series, float(which[1:]))
+                value = mean_of(series) if which == "mean" else percentile(series, float(which[1:]))
                 sources.add("detail")
             row[which] = value
         pr.stats[metric] = row
@@ -336,7 +337,7 @@ def analyze_point(
 
     bounds = slo.request_bounds
     same_slo = run_slo is not None and run_slo.request_bounds == bounds
-    vllm_goodput = _num(res.get("request_goodput"))
+    vllm_goodput = num(res.get("request_goodput"))
     if not bounds:
         pr.good = pr.completed
         pr.goodput_rps = pr.request_throughput
@@ -390,7 +391,7 @@ def units_text(device: str | None, n: int) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _rate_json(rate: float) -> float | str:
+def rate_json(rate: float) -> float | str:
     return "inf" if math.isinf(rate) else rate
 
 
@@ -403,5 +404,5 @@ def load_json(path: Path) -> tuple[Any, str | None]:
         return None, f"unparsable: {exc}"
 
 
-def _sort_key(p: BenchPoint) -> tuple:
+def sort_key(p: BenchPoint) -> tuple:
     return (Workload.of(p), p.layout, p.max_concurrency, p.repeat)

@@ -69,8 +69,7 @@ class Config:
     def label(self) -> str:
         if self.layout == "agg":
             return f"agg {self.prefill}x TP{self.prefill_profile.shape.tp}"
-        return (f"PD {self.prefill}P TP{self.prefill_profile.shape.tp} : {self.decode}D "
-                f"TP{self.decode_profile.shape.tp}")  # fmt: skip
+        return f"PD {self.prefill}P TP{self.prefill_profile.shape.tp} : {self.decode}D TP{self.decode_profile.shape.tp}"
 
 
 @dataclass
@@ -100,7 +99,7 @@ class Prediction:
             (slo.e2el_ms, self.e2el_ms, f"E2EL P{self.q * 100:g}"),
             (slo.itl_p99_ms, self.itl_p99_ms, "ITL P99"),
         )
-        for bound, value, what in pairs:  # fmt: skip
+        for bound, value, what in pairs:
             if bound is not None and value is not None and value > bound:
                 out.append(f"{what} {value:.0f} ms > {bound:g} ms")
         return out

@@ -88,8 +88,12 @@ class Curve:
             y = float(self._f(x)) if self._f is not None else float(np.interp(x, xs, ys))
             return Estimate(y, "measured" if exact else "interpolated")
         if x > xs[-1] * EXTRAPOLATE:
-            return Estimate(None, "out-of-range", f"{self.what} at {x:g} is beyond the measured {self.span} (more "
-                            f"than x{EXTRAPOLATE:g} the largest): not extrapolated; profile that range")  # fmt: skip
+            return Estimate(
+                None,
+                "out-of-range",
+                f"{self.what} at {x:g} is beyond the measured {self.span} (more "
+                f"than x{EXTRAPOLATE:g} the largest): not extrapolated; profile that range",
+            )
         if len(xs) == 1:  # one point: proportional through the origin (a bound for curves with a fixed part)
             y = float(ys[0] * x / xs[0])
         else:
@@ -162,15 +166,21 @@ class Profile:
         if len(contexts) == 1 or context <= contexts[0]:
             est = at(contexts[0])
             if contexts[0] and context > contexts[0] * EXTRAPOLATE:
-                return Estimate(None, "out-of-range", f"decode at context {context:g} tokens: the profile measured "
-                                f"{contexts[0]:g}; not extrapolated")  # fmt: skip
+                return Estimate(
+                    None,
+                    "out-of-range",
+                    f"decode at context {context:g} tokens: the profile measured {contexts[0]:g}; not extrapolated",
+                )
             if contexts[0] and context > contexts[0]:
                 est = est.marked("extrapolated", f"context {context:g} beyond the measured {contexts[0]:g}")
         elif context >= contexts[-1]:
             est = at(contexts[-1])
             if context > contexts[-1] * EXTRAPOLATE:
-                return Estimate(None, "out-of-range", f"decode at context {context:g} tokens beyond the measured "
-                                f"{contexts[0]:g}..{contexts[-1]:g}")  # fmt: skip
+                return Estimate(
+                    None,
+                    "out-of-range",
+                    f"decode at context {context:g} tokens beyond the measured {contexts[0]:g}..{contexts[-1]:g}",
+                )
             if context > contexts[-1]:
                 est = est.marked("extrapolated", f"context {context:g} beyond the measured {contexts[-1]:g}")
         else:
@@ -266,8 +276,10 @@ def from_dict(data: Any, where: str = "profile") -> Profile:
     prov = data.get("provenance")
     if not isinstance(prov, dict) or any(not prov.get(k) for k in PROVENANCE_FIELDS):
         missing = [k for k in PROVENANCE_FIELDS if not isinstance(prov, dict) or not prov.get(k)]
-        raise ProfileError(f"{where}: provenance.{missing[0]}: required (every figure names the run it came from: "
-                           f"{', '.join(PROVENANCE_FIELDS)})")  # fmt: skip
+        raise ProfileError(
+            f"{where}: provenance.{missing[0]}: required (every figure names the run it came from: "
+            f"{', '.join(PROVENANCE_FIELDS)})"
+        )
     return Profile(shape, sections["prefill"], sections["decode"], sections["kv"], overhead, dict(prov), {}, where)
 
 

@@ -35,8 +35,9 @@ def _role_mean(record: dict[str, Any], roles: tuple[str, ...], key: str) -> floa
     return s / n * 1000 if n and s else None
 
 
-def build(runs: list[Path], hardware: str = "", cpu_cores: int = 1, machine: str = "",
-          device: str | None = None) -> Profile:  # fmt: skip
+def build(
+    runs: list[Path], hardware: str = "", cpu_cores: int = 1, machine: str = "", device: str | None = None
+) -> Profile:
     """One profile from one or more run directories of the same model and TP (a :class:`ProfileError` when they
     differ or hold no usable point). ``device`` overrides what the runs recorded (runs recorded before manifests
     had one count as GPU runs, as ``pdinfra bench report --device`` says)."""
@@ -65,8 +66,10 @@ def build(runs: list[Path], hardware: str = "", cpu_cores: int = 1, machine: str
                 commands.append(shlex.join(str(a) for a in argv))
             points.append((pr, record, pd.count("decode") if pd else 0))
     if len(shapes) != 1:
-        raise ProfileError(f"{', '.join(map(str, runs))}: the runs are of different shapes {sorted(shapes)}: one "
-                           "profile per model, TP and device")  # fmt: skip
+        raise ProfileError(
+            f"{', '.join(map(str, runs))}: the runs are of different shapes {sorted(shapes)}: one "
+            "profile per model, TP and device"
+        )
     if not points:
         raise ProfileError(f"{', '.join(map(str, runs))}: no valid point to build a profile from")
     model, tp, gpus, dev = shapes.pop()
@@ -84,8 +87,7 @@ def build(runs: list[Path], hardware: str = "", cpu_cores: int = 1, machine: str
         if layout == "pd" and n_dec and pr.request_throughput and e2el and ttft is not None and itl and itl99:
             batch = pr.request_throughput / n_dec * max(0.0, e2el - ttft) / 1000
             if batch > 0:
-                decode.append({"batch": round(batch, 4), "itl_ms": itl, "itl_p99_ms": itl99,
-                               "context": isl + osl / 2})  # fmt: skip
+                decode.append({"batch": round(batch, 4), "itl_ms": itl, "itl_p99_ms": itl99, "context": isl + osl / 2})
     for (layout, isl), (pr, rec) in sorted(lowest.items()):
         server_ms = _role_mean(rec, ("prefill",) if layout == "pd" else ("agg",), "prefill_time_s")
         if server_ms is not None and (layout == "pd" or isl not in prefill):

@@ -16,25 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pdinfra.bench.analysis import (
-    DEFAULT_PD_MARGIN,
-    Cell,
-    RunAnalysis,
-    Workload,
-    analyze_run,
-    slo_goodput,
-)
-from pdinfra.bench.plan import SLO
-from pdinfra.bench.tables import (  # noqa: F401 - report offers them too
-    Table,
-    broken_table,
+from pdinfra.bench.analysis import DEFAULT_PD_MARGIN, Cell, RunAnalysis, analyze_run, slo_goodput
+from pdinfra.bench.points import Workload
+from pdinfra.bench.tables import (
     compare_tables,
-    fmt,
-    latency_table,
     recommendation_lines,
     tables,
-    throughput_table,
 )
+from pdinfra.cluster.slo import SLO
 
 LAYOUT_COLORS = {"agg": "#d62728", "pd": "#1f77b4"}
 RUN_STYLES = ("-", "--", ":", "-.")

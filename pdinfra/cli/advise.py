@@ -9,7 +9,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -39,8 +39,10 @@ class _ApplyConsole:
         self.con.print(f"  {message}", markup=False, highlight=False)
 
     def waiting(self, window: str, until: float) -> None:
-        self.con.print(f"deployed; measuring again over {window} of traffic on the new deployment (until "
-                       f"{time.strftime('%H:%M:%S', time.localtime(until))})")  # fmt: skip
+        self.con.print(
+            f"deployed; measuring again over {window} of traffic on the new deployment (until "
+            f"{time.strftime('%H:%M:%S', time.localtime(until))})"
+        )
 
     def left(self, seconds: float) -> None:
         self.con.print(f"  {seconds:.0f} s to go")
@@ -55,30 +57,45 @@ def _show(con: Console, a: advise_mod.Advice) -> None:
         con.print(f"  -> {act}")
 
 
+_WINDOW = Annotated[str, typer.Option(help="Prometheus range over which to judge, e.g. 10m, 1h.")]
+
+_PROMETHEUS = Annotated[
+    str | None, typer.Option(help="Prometheus URL (default: the cluster's, from pdinfra_monitoring_host).")
+]
+
+_TIMEOUT = Annotated[float, typer.Option(min=1, help="Seconds per Prometheus query.")]
+
+_APPLY = Annotated[
+    bool,
+    typer.Option(
+        "--apply",
+        help="Write the advised change into the inventory (shown as a diff first), run "
+        "site.yml --tags serving,monitoring, then wait one --window of traffic and judge again.",
+    ),
+]
+
+_YES = Annotated[bool, typer.Option("--yes", help="With --apply: do not ask before writing the inventory.")]
+
+_LOG_DIR = Annotated[
+    Path | None,
+    typer.Option(
+        help="With --apply: where the diff, the play's log and both advices go "
+        "(default: the state directory's advise/<time>)."
+    ),
+]
+
+_JSON_OUT = Annotated[bool, typer.Option("--json", help="Machine-readable advice on stdout.")]
+
+
 def advise_cmd(
     inventory: Inv = DEFAULT_INV,
-    window: Annotated[str, typer.Option(help="Prometheus range over which to judge, e.g. 10m, 1h.")] = "10m",
-    prometheus: Annotated[
-        str | None, typer.Option(help="Prometheus URL (default: the cluster's, from pdinfra_monitoring_host).")
-    ] = None,
-    timeout: Annotated[float, typer.Option(min=1, help="Seconds per Prometheus query.")] = 10.0,
-    apply: Annotated[
-        bool,
-        typer.Option(
-            "--apply",
-            help="Write the advised change into the inventory (shown as a diff first), run "
-            "site.yml --tags serving,monitoring, then wait one --window of traffic and judge again.",
-        ),
-    ] = False,
-    yes: Annotated[bool, typer.Option("--yes", help="With --apply: do not ask before writing the inventory.")] = False,
-    log_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="With --apply: where the diff, the play's log and both advices go "
-            "(default: the state directory's advise/<time>)."
-        ),
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable advice on stdout.")] = False,
+    window: _WINDOW = "10m",
+    prometheus: _PROMETHEUS = None,
+    timeout: _TIMEOUT = 10.0,
+    apply: _APPLY = False,
+    yes: _YES = False,
+    log_dir: _LOG_DIR = None,
+    json_out: _JSON_OUT = False,
 ) -> None:
     """Judge the running cluster against its SLO from Prometheus's live metrics and advise: keep, rebalance
     prefill:decode, add capacity, or try PD. Every figure comes with the PromQL that produced it (--json).
@@ -86,12 +103,7 @@ def advise_cmd(
     from pdinfra.bench import advise as advise_mod
     from pdinfra.bench import apply as apply_mod
 
-    if not re.fullmatch(r"\d+[smhd]", window):
-        typer.echo(f"error: --window {window!r} must be a Prometheus duration such as 10m or 1h", err=True)
-        raise typer.Exit(2)
-    if apply and not yes and not sys.stdin.isatty():
-        typer.echo("error: --apply asks before writing the inventory; without a terminal give --yes", err=True)
-        raise typer.Exit(2)
+    _check_args(window, apply, yes)
     cluster = resolved_cluster(inventory)
     con = Console(width=160, stderr=json_out)
     try:
@@ -106,8 +118,16 @@ def advise_cmd(
     if not apply:
         return
     try:
-        outcome = apply_mod.apply_advice(inventory, before, window, _ApplyConsole(con), prometheus=prometheus,
-                                         timeout=timeout, yes=yes, log_dir=log_dir)  # fmt: skip
+        outcome = apply_mod.apply_advice(
+            inventory,
+            before,
+            window,
+            _ApplyConsole(con),
+            prometheus=prometheus,
+            timeout=timeout,
+            yes=yes,
+            log_dir=log_dir,
+        )
     except apply_mod.ApplyFailed as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -122,6 +142,22 @@ def advise_cmd(
         if json_out:
             typer.echo(json.dumps(outcome.to_dict(), indent=2))
         return
+    _show_outcome(con, before, outcome, window, json_out)
+
+
+def _check_args(window: str, apply: bool, yes: bool) -> None:
+    if not re.fullmatch(r"\d+[smhd]", window):
+        typer.echo(f"error: --window {window!r} must be a Prometheus duration such as 10m or 1h", err=True)
+        raise typer.Exit(2)
+    if apply and not yes and not sys.stdin.isatty():
+        typer.echo("error: --apply asks before writing the inventory; without a terminal give --yes", err=True)
+        raise typer.Exit(2)
+
+
+def _show_outcome(con: Console, before: Any, outcome: Any, window: str, json_out: bool) -> None:
+    """The advice after the change, before and after side by side, and where the evidence went."""
+    from pdinfra.bench import apply as apply_mod
+
     assert outcome.after is not None
     _show(con, outcome.after)
     table = Table(title=f"before and after the change, each over {window}")

@@ -19,7 +19,9 @@ from rich.table import Table
 from pdinfra.bench import plan as P
 from pdinfra.bench import runner as R
 from pdinfra.cli.common import DEFAULT_INV, Inv, console, resolved_cluster, step
+from pdinfra.cluster import connectors
 from pdinfra.cluster.schema import PDINFRA_VARS
+from pdinfra.cluster.slo import SLO
 
 app = typer.Typer(no_args_is_help=True, help="SLO benchmarks: vllm bench serve sweeps, analysis, report.")
 
@@ -39,7 +41,7 @@ def _strs(text: str | None) -> tuple[str, ...] | None:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def parse_slo(text: str | None) -> P.SLO | None:
+def parse_slo(text: str | None) -> SLO | None:
     """An SLO from inline JSON/YAML (``'{ttft_ms: 2000, itl_p99_ms: 50}'``) or a JSON/YAML file path.
 
     A file may hold the mapping itself or ``pdinfra_slo: {...}`` (e.g. an inventory group_vars file).
@@ -54,7 +56,7 @@ def parse_slo(text: str | None) -> P.SLO | None:
         data = data["pdinfra_slo"]
     if not isinstance(data, dict):
         raise ValueError(f"the SLO must be a mapping, got {data!r}")
-    return P.SLO.from_dict(data)
+    return SLO.from_dict(data)
 
 
 def plan_from_options(
@@ -105,6 +107,25 @@ SloOpt = Annotated[
 ]
 
 
+_PLAN_AGG_URL = Annotated[str, typer.Option(help="base URL of the aggregated layout")]
+
+_PLAN_PD_URL = Annotated[str, typer.Option(help="base URL of the PD router")]
+
+_PLAN_MODEL = Annotated[str, typer.Option(help="served model name (--model)")]
+
+_PLAN_TOKENIZER = Annotated[str, typer.Option(help="tokenizer path on the node that runs the client")]
+
+_PLAN_BACKEND = Annotated[str, typer.Option(help="vllm or openai (both use /v1/completions)")]
+
+_PLAN_RUN_ID = Annotated[str, typer.Option(help="run id the seeds are derived from")]
+
+_PLAN_REMOTE_DIR = Annotated[str, typer.Option(help="result directory on the client node")]
+
+_PLAN_VENV = Annotated[str, typer.Option(help="serving venv on the client node (pdinfra_venv)")]
+
+_PLAN_AS_JSON = Annotated[bool, typer.Option("--json", help="print the plan and commands as JSON")]
+
+
 def bench_plan_cmd(
     plan: PlanOpt = "default",
     isl: IslOpt = None,
@@ -117,15 +138,15 @@ def bench_plan_cmd(
     prefix_lens: PrefixOpt = None,
     repeats: RepeatsOpt = None,
     slo: SloOpt = None,
-    agg_url: Annotated[str, typer.Option(help="base URL of the aggregated layout")] = "http://AGG_HOST:8000",
-    pd_url: Annotated[str, typer.Option(help="base URL of the PD router")] = "http://ROUTER_HOST:8000",
-    model: Annotated[str, typer.Option(help="served model name (--model)")] = "MODEL",
-    tokenizer: Annotated[str, typer.Option(help="tokenizer path on the node that runs the client")] = "TOKENIZER",
-    backend: Annotated[str, typer.Option(help="vllm or openai (both use /v1/completions)")] = "vllm",
-    run_id: Annotated[str, typer.Option(help="run id the seeds are derived from")] = "DRYRUN",
-    remote_dir: Annotated[str, typer.Option(help="result directory on the client node")] = R.DEFAULT_REMOTE_DIR,
-    venv: Annotated[str, typer.Option(help="serving venv on the client node (pdinfra_venv)")] = DEFAULT_VENV,
-    as_json: Annotated[bool, typer.Option("--json", help="print the plan and commands as JSON")] = False,
+    agg_url: _PLAN_AGG_URL = "http://AGG_HOST:8000",
+    pd_url: _PLAN_PD_URL = "http://ROUTER_HOST:8000",
+    model: _PLAN_MODEL = "MODEL",
+    tokenizer: _PLAN_TOKENIZER = "TOKENIZER",
+    backend: _PLAN_BACKEND = "vllm",
+    run_id: _PLAN_RUN_ID = "DRYRUN",
+    remote_dir: _PLAN_REMOTE_DIR = R.DEFAULT_REMOTE_DIR,
+    venv: _PLAN_VENV = DEFAULT_VENV,
+    as_json: _PLAN_AS_JSON = False,
 ) -> None:
     """Print the sweep and the exact `vllm bench serve` command of every point (a dry run: nothing runs)."""
     try:
@@ -141,26 +162,13 @@ def bench_plan_cmd(
             prefix_lens,
             repeats,
         )
-        the_slo = parse_slo(slo) or P.SLO()
+        the_slo = parse_slo(slo) or SLO()
     except (KeyError, ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    endpoints = P.BenchEndpoints(
-        model=model,
-        tokenizer=tokenizer,
-        backend=backend,
-        layouts={
-            "agg": P.LayoutEndpoint("agg", agg_url),
-            "pd": P.LayoutEndpoint("pd", pd_url),
-        },
-    )
-    result_dir = f"{remote_dir.rstrip('/')}/{run_id}"
-    rows = []
-    for point in bench_plan.points():
-        seed = point.seed(run_id)
-        argv = R.build_argv(point, endpoints, the_slo, seed=seed, result_dir=result_dir, run_id=run_id,
-                            vllm_cmd=R.vllm_bench_cmd(venv))  # fmt: skip
-        rows.append((point, seed, argv))
+    layouts_at = {"agg": P.LayoutEndpoint("agg", agg_url), "pd": P.LayoutEndpoint("pd", pd_url)}
+    endpoints = P.BenchEndpoints(model=model, tokenizer=tokenizer, backend=backend, layouts=layouts_at)
+    rows = _plan_rows(bench_plan, endpoints, the_slo, run_id, f"{remote_dir.rstrip('/')}/{run_id}", venv)
     if as_json:
         doc = {
             "plan": bench_plan.to_dict(),
@@ -170,6 +178,25 @@ def bench_plan_cmd(
         }
         typer.echo(json.dumps(doc, indent=1, sort_keys=True))
         return
+    _print_plan(bench_plan, the_slo, rows)
+
+
+def _plan_rows(
+    bench_plan: P.BenchPlan, endpoints: P.BenchEndpoints, the_slo: SLO, run_id: str, result_dir: str, venv: str
+) -> list[tuple[Any, int, list[str]]]:
+    """Each point of the sweep with its seed and its exact `vllm bench serve` argv."""
+    rows = []
+    for point in bench_plan.points():
+        seed = point.seed(run_id)
+        argv = R.build_argv(
+            point, endpoints, the_slo, seed=seed, result_dir=result_dir, run_id=run_id, vllm_cmd=R.vllm_bench_cmd(venv)
+        )
+        rows.append((point, seed, argv))
+    return rows
+
+
+def _print_plan(bench_plan: P.BenchPlan, the_slo: SLO, rows: list[tuple[Any, int, list[str]]]) -> None:
+    """The dry run's table of points, then each point's exact command."""
     con = Console()
     table = Table(title=f"bench plan '{bench_plan.name}': {len(rows)} points; SLO: {the_slo.describe()}")
     for col in ("point", "layout", "ISL", "OSL", "conc", "prompts", "rate", "seed"):
@@ -177,9 +204,15 @@ def bench_plan_cmd(
     for p, seed, _ in rows:
         rate = P.fmt_num(p.request_rate)
         table.add_row(
-            p.key, p.layout, str(p.input_len), str(p.output_len), str(p.max_concurrency), str(p.num_prompts), rate,
+            p.key,
+            p.layout,
+            str(p.input_len),
+            str(p.output_len),
+            str(p.max_concurrency),
+            str(p.num_prompts),
+            rate,
             str(seed),
-        )  # fmt: skip
+        )
     con.print(table)
     for p, _, argv in rows:
         con.print(f"# {p.key}", style="bold", highlight=False)
@@ -202,7 +235,7 @@ def bench_report_cmd(
     ] = None,
 ) -> None:
     """Rebuild the report (HTML, Markdown, PNG plots, analysis.json) from saved runs; several runs -> compare."""
-    from pdinfra.bench.analysis import DEVICES, BenchDataError
+    from pdinfra.bench.points import DEVICES, BenchDataError
     from pdinfra.bench.report import text_summary, write_report
 
     if device is not None and device not in DEVICES:
@@ -221,42 +254,65 @@ def bench_report_cmd(
     typer.echo(f"analysis: {files.analysis}")
 
 
+_RUN_PLAN = Annotated[
+    str,
+    typer.Option(
+        help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI), long (1536/64, "
+        "conc. 1..16: where PD wins on inventory/local-1p1d) or kv-trace."
+    ),
+]
+
+_RUN_ISL = Annotated[str | None, typer.Option(help="Input lengths, e.g. 1024,8192.")]
+
+_RUN_OSL = Annotated[str | None, typer.Option(help="Output lengths, e.g. 1024.")]
+
+_RUN_CONCURRENCY = Annotated[str | None, typer.Option(help="Max concurrencies, e.g. 1,2,4,8,16,32.")]
+
+_RUN_LAYOUTS = Annotated[str | None, typer.Option(help="Layouts to sweep: agg,pd.")]
+
+_RUN_PROMPTS_PER_CONCURRENCY = Annotated[int | None, typer.Option(help="num_prompts = this x concurrency.")]
+
+_RUN_REQUEST_RATE = Annotated[str | None, typer.Option(help="Request rate (inf = all at once).")]
+
+_RUN_SLO = Annotated[str | None, typer.Option(help="SLO as YAML/JSON or a file; default: the inventory's pdinfra_slo.")]
+
+_RUN_OUT = Annotated[Path, typer.Option(help="Where run directories are written.")]
+
+_RUN_REPORT = Annotated[Path | None, typer.Option(help="Also write the report here (HTML, Markdown, plots).")]
+
+_RUN_REDEPLOY = Annotated[
+    bool,
+    typer.Option(
+        "--redeploy",
+        help="Redeploy the same instances as aggregated servers behind the router for the agg points "
+        "(same GPUs as PD), and back to PD afterwards. Without it, agg = the first decode instance direct.",
+    ),
+]
+
+_RUN_BACKEND = Annotated[
+    str,
+    typer.Option(
+        help="vllm bench serve's --backend: vllm or openai (/v1/completions), openai-chat "
+        "(/v1/chat/completions through the model's chat template)."
+    ),
+]
+
+
 @app.command("run")
 def bench_run(
     inventory: Inv = DEFAULT_INV,
-    plan: Annotated[
-        str,
-        typer.Option(
-            help="default (the seeds' sweep: ISL 1k/8k, OSL 1k, conc. 1..32), small (CI), long (1536/64, "
-            "conc. 1..16: where PD wins on inventory/local-1p1d) or kv-trace."
-        ),
-    ] = "default",
-    isl: Annotated[str | None, typer.Option(help="Input lengths, e.g. 1024,8192.")] = None,
-    osl: Annotated[str | None, typer.Option(help="Output lengths, e.g. 1024.")] = None,
-    concurrency: Annotated[str | None, typer.Option(help="Max concurrencies, e.g. 1,2,4,8,16,32.")] = None,
-    layouts: Annotated[str | None, typer.Option(help="Layouts to sweep: agg,pd.")] = None,
-    prompts_per_concurrency: Annotated[int | None, typer.Option(help="num_prompts = this x concurrency.")] = None,
-    request_rate: Annotated[str | None, typer.Option(help="Request rate (inf = all at once).")] = None,
-    slo: Annotated[
-        str | None, typer.Option(help="SLO as YAML/JSON or a file; default: the inventory's pdinfra_slo.")
-    ] = None,
-    out: Annotated[Path, typer.Option(help="Where run directories are written.")] = Path("out/bench/runs"),
-    report: Annotated[Path | None, typer.Option(help="Also write the report here (HTML, Markdown, plots).")] = None,
-    redeploy: Annotated[
-        bool,
-        typer.Option(
-            "--redeploy",
-            help="Redeploy the same instances as aggregated servers behind the router for the agg points "
-            "(same GPUs as PD), and back to PD afterwards. Without it, agg = the first decode instance direct.",
-        ),
-    ] = False,
-    backend: Annotated[
-        str,
-        typer.Option(
-            help="vllm bench serve's --backend: vllm or openai (/v1/completions), openai-chat "
-            "(/v1/chat/completions through the model's chat template)."
-        ),
-    ] = "vllm",
+    plan: _RUN_PLAN = "default",
+    isl: _RUN_ISL = None,
+    osl: _RUN_OSL = None,
+    concurrency: _RUN_CONCURRENCY = None,
+    layouts: _RUN_LAYOUTS = None,
+    prompts_per_concurrency: _RUN_PROMPTS_PER_CONCURRENCY = None,
+    request_rate: _RUN_REQUEST_RATE = None,
+    slo: _RUN_SLO = None,
+    out: _RUN_OUT = Path("out/bench/runs"),
+    report: _RUN_REPORT = None,
+    redeploy: _RUN_REDEPLOY = False,
+    backend: _RUN_BACKEND = "vllm",
 ) -> None:
     """Run `vllm bench serve` sweeps of the agg and PD layouts against the deployed cluster, save and report them."""
     from pdinfra.bench import live
@@ -278,9 +334,16 @@ def bench_run(
     deployer = live.LayoutDeployer(inventory, Path(out) / ".deploy", step) if redeploy else None
     executor = live.AnsibleExecutor(inventory, router, Path(out) / ".fetched", deployer=deployer)
     try:
-        run_dir = run_bench(the_plan, the_slo, endpoints, executor, live.http_scrape, Path(out),
-                            host={"router": router, "inventory": str(inventory), "redeploy": redeploy},
-                            vllm_cmd=R.vllm_bench_cmd(cluster.venv))  # fmt: skip
+        run_dir = run_bench(
+            the_plan,
+            the_slo,
+            endpoints,
+            executor,
+            live.http_scrape,
+            Path(out),
+            host={"router": router, "inventory": str(inventory), "redeploy": redeploy},
+            vllm_cmd=R.vllm_bench_cmd(cluster.venv),
+        )
     finally:
         if deployer is not None:
             deployer.ensure("pd")  # leave the cluster as site.yml deploys it
@@ -311,8 +374,14 @@ def bench_latency(
     con = Console(width=160, stderr=json_out)
     try:
         targets = decompose.targets_from_cluster(cluster, api_key=cluster.secrets.api_key)
-        d = decompose.run(targets, requests=requests, words=words, max_tokens=max_tokens, direct=direct,
-                          progress=lambda m: con.print(f"[cyan]»[/] {m}"))  # fmt: skip
+        d = decompose.run(
+            targets,
+            requests=requests,
+            words=words,
+            max_tokens=max_tokens,
+            direct=direct,
+            progress=lambda m: con.print(f"[cyan]»[/] {m}"),
+        )
     except decompose.DecomposeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -324,8 +393,10 @@ def bench_latency(
         typer.echo(json.dumps(data, indent=1))
         return
     kept = sum(1 for s in d.samples if s.path == "router")
-    table = Table(title=f"PD latency, {kept} requests through {targets.router} "
-                        f"({d.prompt_tokens} prompt tokens, {max_tokens} output tokens, one at a time)")  # fmt: skip
+    table = Table(
+        title=f"PD latency, {kept} requests through {targets.router} "
+        f"({d.prompt_tokens} prompt tokens, {max_tokens} output tokens, one at a time)"
+    )
     for col, justify in (("stage", "left"), ("p50 ms", "right"), ("mean ms", "right"), ("of p50", "right")):
         table.add_column(col, justify=justify)
     for row in decompose.table_rows(d):
@@ -334,11 +405,15 @@ def bench_latency(
     added = d.router_added()
     if added is not None:
         via, direct_p50 = 1000 * d.p50("router")["outside"], 1000 * d.p50("direct")["outside"]
-        con.print(f"router's added latency: p50 {1000 * added:.1f} ms (outside the instances: {via:.1f} ms through "
-                  f"the router, {direct_p50:.1f} ms prefill -> decode without it)")  # fmt: skip
+        con.print(
+            f"router's added latency: p50 {1000 * added:.1f} ms (outside the instances: {via:.1f} ms through "
+            f"the router, {direct_p50:.1f} ms prefill -> decode without it)"
+        )
     if d.discarded:
-        con.print(f"[yellow]{len(d.discarded)} samples discarded[/] (other traffic, e.g. the deep-health probe's "
-                  f"timer): {d.discarded[0]}")  # fmt: skip
+        con.print(
+            f"[yellow]{len(d.discarded)} samples discarded[/] (other traffic, e.g. the deep-health probe's "
+            f"timer): {d.discarded[0]}"
+        )
 
 
 @app.command("reuse")
@@ -362,8 +437,11 @@ def bench_reuse(
     cluster = resolved_cluster(inventory, secrets=True)
     pair = smoke_mod.store_pair(cluster)
     if pair is None:
-        typer.echo(f"error: {inventory} has no KV reuse tier with two instances to compare (pdinfra_kv_store: "
-                   "true, and a saving instance plus one more)", err=True)  # fmt: skip
+        typer.echo(
+            f"error: {inventory} has no KV reuse tier with two instances to compare (pdinfra_kv_store: "
+            "true, and a saving instance plus one more)",
+            err=True,
+        )
         raise typer.Exit(2)
     con = Console(width=160, stderr=True)
 
@@ -371,8 +449,9 @@ def bench_reuse(
         what = f"{s.ttft_ms:.0f} ms, {s.store_hits:.0f} from store" if s.ok else f"failed: {s.error}"
         con.print(f"[cyan]»[/] {done}/{total} shared {s.share}% on the {s.target} instance: {what}")
 
-    rr = reuse.run(pair[0], pair[1], cluster.model.name, cluster.secrets.api_key, n_words=words, trials=trials,
-                   progress=progress)  # fmt: skip
+    rr = reuse.run(
+        pair[0], pair[1], cluster.model.name, cluster.secrets.api_key, n_words=words, trials=trials, progress=progress
+    )
     files = reuse.write(rr, out)
     if json_out:
         typer.echo(json.dumps(rr.to_dict(), indent=1))
@@ -414,14 +493,16 @@ def bench_conditional(
 
     try:
         cfgs = C.configs([int(t) for t in threshold.split(",") if t.strip()])
-        workload = C.Workload(num_prompts, short_share, short_len, long_len, short_concurrency, long_concurrency,
-                              output_len)  # fmt: skip
+        workload = C.Workload(
+            num_prompts, short_share, short_len, long_len, short_concurrency, long_concurrency, output_len
+        )
     except ValueError as exc:  # one line, exit 2, before any host is touched
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     cluster = resolved_cluster(inventory, secrets=True)
-    if cluster.connector == "lmcache":
-        typer.echo("error: conditional disaggregation is refused with pdinfra_connector lmcache", err=True)
+    conn = connectors.get(cluster.connector)
+    if not conn.two_stage:
+        typer.echo(f"error: conditional disaggregation is refused with pdinfra_connector {conn.name}", err=True)
         raise typer.Exit(2)
     slo = SLO.from_dict(cluster.slo)
     first = seed if seed is not None else int(_time.time()) % 100000
@@ -464,8 +545,10 @@ def bench_profile_cmd(
         raise typer.Exit(2) from exc
     prof.write(out)
     d = prof.to_dict()
-    console.print(f"{out}: {prof.shape.label}; {len(d['prefill'])} prefill, {len(d['decode'])} decode, "
-                  f"{len(d['kv'])} KV point(s) from {len(d['provenance']['raw'])} result file(s)")  # fmt: skip
+    console.print(
+        f"{out}: {prof.shape.label}; {len(d['prefill'])} prefill, {len(d['decode'])} decode, "
+        f"{len(d['kv'])} KV point(s) from {len(d['provenance']['raw'])} result file(s)"
+    )
 
 
 app.command("plan")(bench_plan_cmd)

@@ -35,8 +35,10 @@ def effective_inventory(inv: Path) -> Path:
     if recorded != DEFAULT_INV and recorded.is_file():
         if recorded not in _said:
             _said.add(recorded)
-            typer.echo(f"» inventory {recorded} (the local cluster was deployed from it by pdinfra up; -i chooses "
-                       "another)", err=True)  # fmt: skip
+            typer.echo(
+                f"» inventory {recorded} (the local cluster was deployed from it by pdinfra up; -i chooses another)",
+                err=True,
+            )
         return recorded
     return inv
 
@@ -63,10 +65,13 @@ def remember(inv: Path) -> None:
 # (effective_inventory).
 Inv = Annotated[
     Path,
-    typer.Option("--inventory", "-i", callback=_inventory_option,
-                 help="Ansible inventory (default: the one the local cluster was deployed from, else "
-                      "inventory/local)."),
-]  # fmt: skip
+    typer.Option(
+        "--inventory",
+        "-i",
+        callback=_inventory_option,
+        help="Ansible inventory (default: the one the local cluster was deployed from, else inventory/local).",
+    ),
+]
 # `pdinfra up`'s -i: what it deploys, inventory/local unless given (it does not follow the last deploy).
 UpInv = Annotated[
     Path, typer.Option("--inventory", "-i", help="Ansible inventory (default: the local two-node cluster).")
@@ -87,8 +92,8 @@ def load_inventory(inv: Path):
 def resolved_cluster(inv: Path, secrets: bool = False):
     """The resolved cluster (with ``secrets``: and its API key); problems are printed (each naming its variable and
     host) and end the command."""
+    from pdinfra.cluster.checker import ClusterError
     from pdinfra.cluster.inventory import InventoryError, load_cluster
-    from pdinfra.cluster.resolve import ClusterError
     from pdinfra.playbook import AnsibleMissing
 
     try:

@@ -77,9 +77,11 @@ def model_note(cluster) -> str:  # noqa: ANN001 - a pdinfra.cluster.model.Cluste
     """Where the model's limits came from, or that they were not checked (an unknown model is stated, not guessed)."""
     m = cluster.model
     if m.catalog is None:
-        return (f"[yellow]note[/] model {m.name}: not in pdinfra's model catalog (pdinfra.cluster.models; give "
-                "pdinfra_model.hf_id or shape of a model it knows, or source controller_dir to read its config.json): "
-                "pdinfra_max_model_len, tensor_parallel_size and the chat template were not checked against it")
+        return (
+            f"[yellow]note[/] model {m.name}: not in pdinfra's model catalog (pdinfra.cluster.models; give "
+            "pdinfra_model.hf_id or shape of a model it knows, or source controller_dir to read its config.json): "
+            "pdinfra_max_model_len, tensor_parallel_size and the chat template were not checked against it"
+        )
     return f"model limits from {m.catalog}: max_model_len {cluster.max_model_len} within its context"
 
 

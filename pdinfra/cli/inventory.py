@@ -40,10 +40,13 @@ def init_cmd(
     ] = None,
     from_facts: Annotated[
         list[str] | None,
-        typer.Option("--from-facts", help="A host's facts: the JSON `pdinfra facts -o FILE` writes, NAME=FILE to name "
-                     "the host, a directory holding facts.json, or a recorded host tree (replayed).",
-                     show_default=False),
-    ] = None,  # fmt: skip
+        typer.Option(
+            "--from-facts",
+            help="A host's facts: the JSON `pdinfra facts -o FILE` writes, NAME=FILE to name "
+            "the host, a directory holding facts.json, or a recorded host tree (replayed).",
+            show_default=False,
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite the files in a non-empty --out.")] = False,
     check: Annotated[
         bool, typer.Option("--check/--no-check", help="Resolve the result as check-config does (needs Ansible).")
@@ -72,8 +75,11 @@ def init_cmd(
     for note in plan.notes:
         typer.echo(f"note: {note}", err=True)
     decide = sum(text.count(ii.DECIDE) for text in files.values())
-    typer.echo(f"{len(plan.hosts)} host(s), layout {plan.layout}, router {plan.router}; {decide} value(s) marked "
-               f"{ii.DECIDE} in {out}", err=True)  # fmt: skip
+    typer.echo(
+        f"{len(plan.hosts)} host(s), layout {plan.layout}, router {plan.router}; {decide} value(s) marked "
+        f"{ii.DECIDE} in {out}",
+        err=True,
+    )
     if check:
         from pdinfra.cli.common import resolved_cluster
 

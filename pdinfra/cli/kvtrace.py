@@ -43,8 +43,12 @@ def kv_trace_collect(
         for inst in decodes:
             src = f"/var/lib/pdinfra/{inst.name}/kv-trace.jsonl"
             dest = Path(tmp) / f"{inst.name}.jsonl"
-            got = adhoc(inventory, inst.host, "ansible.builtin.fetch", {"src": src, "dest": str(dest), "flat": True,
-                                                                         "fail_on_missing": False})  # fmt: skip
+            got = adhoc(
+                inventory,
+                inst.host,
+                "ansible.builtin.fetch",
+                {"src": src, "dest": str(dest), "flat": True, "fail_on_missing": False},
+            )
             if got.get("failed") or got.get("unreachable"):
                 typer.echo(f"error: {inst.host}: cannot fetch {src}: {got.get('msg')}", err=True)
                 raise typer.Exit(1)
@@ -52,8 +56,9 @@ def kv_trace_collect(
                 typer.echo(f"error: {inst.host}: {src} was not fetched: {got.get('msg') or 'no reason'}", err=True)
                 raise typer.Exit(1)
             if not dest.exists():
-                console.print(f"{inst.name} on {inst.host}: no trace (is vllm_instance_kv_trace true, and did PD "
-                              "requests run?)")  # fmt: skip
+                console.print(
+                    f"{inst.name} on {inst.host}: no trace (is vllm_instance_kv_trace true, and did PD requests run?)"
+                )
                 continue
             recs = [ln for ln in dest.read_text().splitlines() if ln.strip()]
             console.print(f"{inst.name} on {inst.host}: {len(recs)} reads")
@@ -99,6 +104,13 @@ def kv_trace_show(
         table.add_column(col, justify="right" if col != "trace" else "left")
     for s in sums:
         shares = [f"{s['blocks_in_runs'].get(b, 0) * 100:.0f}%" for b in buckets]
-        table.add_row(Path(s["file"]).name, str(s["reads"]), f"{s['blocks_per_read']['median']:g}", str(s["runs"]),
-                      f"{s['merge_factor']:.2f}", f"{s['merge_factor_sorted']:.2f}", *shares)  # fmt: skip
+        table.add_row(
+            Path(s["file"]).name,
+            str(s["reads"]),
+            f"{s['blocks_per_read']['median']:g}",
+            str(s["runs"]),
+            f"{s['merge_factor']:.2f}",
+            f"{s['merge_factor_sorted']:.2f}",
+            *shares,
+        )
     Console(width=160).print(table)

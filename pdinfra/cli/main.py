@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from pdinfra.cli import bench, inventory, kvtrace, model, testhosts
+from pdinfra.cli import bench, inventory, kvtrace, testhosts, tinymodel
 from pdinfra.cli.advise import advise_cmd
 from pdinfra.cli.deploy import PASS_THROUGH, check_config_cmd, deploy_cmd, down_cmd, up_cmd
 from pdinfra.cli.host import facts_cmd, validate_cmd
@@ -22,7 +22,7 @@ app = typer.Typer(
 )
 app.add_typer(testhosts.app, name="hosts")
 app.add_typer(inventory.app, name="inventory")
-app.add_typer(model.app, name="model")
+app.add_typer(tinymodel.app, name="model")
 app.add_typer(bench.app, name="bench")
 app.add_typer(kvtrace.app, name="kv-trace")
 

@@ -50,13 +50,25 @@ def hosts_prepare(inventory: Inv = DEFAULT_INV) -> None:
         nspawn.require_tools()
         base = nspawn.ensure_base(progress=step)
         # The node's Python and glibc, read as the pd_runtime role reads them (the wheels are chosen for them).
-        probe = subprocess.run(["chroot", str(base), "/bin/sh", "-c", "python3 -c 'import sys; print(\"%d.%d\" % "
-                                "sys.version_info[:2])'; getconf GNU_LIBC_VERSION | cut -d' ' -f2"],
-                               capture_output=True, text=True, check=True)  # fmt: skip
+        probe = subprocess.run(
+            [
+                "chroot",
+                str(base),
+                "/bin/sh",
+                "-c",
+                'python3 -c \'import sys; print("%d.%d" % '
+                "sys.version_info[:2])'; getconf GNU_LIBC_VERSION | cut -d' ' -f2",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         python_version, glibc = probe.stdout.split()
         packages = wh.role_packages(cluster.profile, cluster.connector)
-        step(f"the nodes' wheelhouse ({cluster.profile}, Python {python_version}, glibc {glibc}, "
-             f"{len(packages)} packages)")
+        step(
+            f"the nodes' wheelhouse ({cluster.profile}, Python {python_version}, glibc {glibc}, "
+            f"{len(packages)} packages)"
+        )
         tarball, built = wh.build(packages, python_version, glibc, platform.machine())  # the nodes share this kernel
     except (testhosts.TestHostError, wh.WheelhouseError, subprocess.CalledProcessError) as exc:
         console.print(f"[red]error:[/] {exc}")

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdinfra.cluster import kvshape, models, schema
+from pdinfra.cluster import connectors, kvshape, models, schema
 from pdinfra.cluster.model import Cluster, Model
 from pdinfra.cluster.schema import PDINFRA, Var
 
@@ -79,8 +79,17 @@ def unit_hint(value: Any, unit: str | None) -> str:
         if not m:
             return ""
         word = m[2]
-        per = (0.001 if word == "ms" else 1e-6 if word == "us" else 60 if word.startswith("m") else
-               3600 if word.startswith("h") else 1)  # fmt: skip
+        per = (
+            0.001
+            if word == "ms"
+            else 1e-6
+            if word == "us"
+            else 60
+            if word.startswith("m")
+            else 3600
+            if word.startswith("h")
+            else 1
+        )
         meant = float(m[1]) * per * {"s": 1, "ms": 1000, "us": 1_000_000}[unit]
         text = f"{meant:.0f}" if meant >= 1 and float(meant).is_integer() else f"{meant:g}"
         return f" (the unit is {schema.UNITS[unit]}: a plain number; did you mean {text}?)"
@@ -118,8 +127,12 @@ class Checker:
             if var.strict and isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
                 n = int(value)
                 quoted = (lo is None or n >= lo) and (hi is None or n <= hi)
-                self.add(where, f"must be {allowed}, not the string {shown}" + (
-                    f": the validator reads it as written; write {n} without quotes" if quoted else ""), host)
+                self.add(
+                    where,
+                    f"must be {allowed}, not the string {shown}"
+                    + (f": the validator reads it as written; write {n} without quotes" if quoted else ""),
+                    host,
+                )
                 return None
             if isinstance(value, bool) or not isinstance(value, (int, str)) or not re.fullmatch(r"-?\d+", str(value)):
                 self.add(where, f"must be {allowed}, not {shown}{unit_hint(value, var.unit)}", host)
@@ -179,8 +192,9 @@ class Checker:
         out: dict[str, Any] = {}
         for key in data:
             if key not in known:
-                self.add(f"{where}.{key}", f"unknown key; known: {', '.join(known)}{suggest(str(key), list(known))}",
-                         host)  # fmt: skip
+                self.add(
+                    f"{where}.{key}", f"unknown key; known: {', '.join(known)}{suggest(str(key), list(known))}", host
+                )
         for f in fields_:
             if f.name not in data or data[f.name] is None:
                 if f.required:
@@ -226,11 +240,21 @@ class InventoryView:
                 if not have:
                     first, have = raw, True
         unset = [h for h in hosts if var.name not in self.hostvars[h]]
-        if (have and unset and var.name in schema.SAME_ON_EVERY_HOST and len(seen) == 1
-                and not var.secret and first != var.default and first is not None):  # fmt: skip
+        if (
+            have
+            and unset
+            and var.name in schema.SAME_ON_EVERY_HOST
+            and len(seen) == 1
+            and not var.secret
+            and first != var.default
+            and first is not None
+        ):
             where = ", ".join(next(iter(seen.values())))
-            ck.add(var.name, f"is set to {show(first)} on {where} only ({', '.join(unset)} would run with "
-                   f"{show(var.default)}); it is cluster-wide: set it once in group_vars/all")  # fmt: skip
+            ck.add(
+                var.name,
+                f"is set to {show(first)} on {where} only ({', '.join(unset)} would run with "
+                f"{show(var.default)}); it is cluster-wide: set it once in group_vars/all",
+            )
         if len(seen) > 1:
             if var.secret or any(f.secret for f in var.fields):
                 detail = " / ".join(", ".join(hs) for hs in seen.values()) + "; values not shown: they hold a secret"
@@ -270,12 +294,14 @@ class Settings:
     lmcache_buffer: int
 
     @property
-    def mooncake_pd(self) -> bool:
-        return self.connector == "mooncake" and self.layout == "pd"
+    def conn(self) -> connectors.Connector:
+        """The connector (the default while pdinfra_connector is wrong: that is reported already)."""
+        return connectors.CONNECTORS.get(self.connector) or connectors.get(None)
 
     @property
-    def lmcache_pd(self) -> bool:
-        return self.connector == "lmcache" and self.layout == "pd"
+    def kv(self) -> dict[str, Any]:
+        """The connector in effect under the layout (its flags: bootstrap, transfer_engine, config_file, ...)."""
+        return self.conn.in_effect(self.layout)
 
 
 @dataclass

@@ -134,8 +134,9 @@ def variables_md() -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for s in kvshape.PRESETS.values():
-        out.append(f"| `{s.name}` | {s.num_layers} | {s.num_kv_heads} | {s.num_attention_heads} | {s.head_dim} | "
-                   f"{s.dtype} |")  # fmt: skip
+        out.append(
+            f"| `{s.name}` | {s.num_layers} | {s.num_kv_heads} | {s.num_attention_heads} | {s.head_dim} | {s.dtype} |"
+        )
     out += [
         "",
         "## Model catalog (`pdinfra.cluster.models`)",
@@ -151,8 +152,10 @@ def variables_md() -> str:
     ]
     for m in models.CATALOG.values():
         chat = "yes" if m.chat_template else "no"
-        out.append(f"| `{m.name}` | {_cell(m.hf_id)} | {m.context_length} | {m.num_layers} | {m.num_attention_heads} | "
-                   f"{m.num_kv_heads} | {m.head_dim} | {chat} | {_cell(m.source)} |")  # fmt: skip
+        out.append(
+            f"| `{m.name}` | {_cell(m.hf_id)} | {m.context_length} | {m.num_layers} | {m.num_attention_heads} | "
+            f"{m.num_kv_heads} | {m.head_dim} | {chat} | {_cell(m.source)} |"
+        )
     for role in schema.ROLES:
         out += ["", f"## Role `{role}` (roles/{role}/README.md)", "", *role_table(role).splitlines()[1:-1]]
     return "\n".join(out) + "\n"

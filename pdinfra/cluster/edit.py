@@ -37,8 +37,9 @@ class Edit:
 
     def diff(self, root: Path | None = None) -> str:
         name = str(self.path.relative_to(root)) if root and self.path.is_relative_to(root) else str(self.path)
-        return "".join(difflib.unified_diff(self.before.splitlines(True), self.after.splitlines(True),
-                                            f"a/{name}", f"b/{name}"))  # fmt: skip
+        return "".join(
+            difflib.unified_diff(self.before.splitlines(True), self.after.splitlines(True), f"a/{name}", f"b/{name}")
+        )
 
 
 def _load(path: Path) -> Any:
@@ -101,8 +102,9 @@ def definitions(source: Path, var: str, host: str | None = None) -> list[Place]:
                 doc = _load(f)
                 if isinstance(doc, dict) and var in doc:
                     out.append(Place(f, ()))
-    hosts_files = [source] if source.is_file() else sorted(p for p in inv_dir.iterdir()
-                                                          if p.is_file() and p.suffix in SUFFIXES)  # fmt: skip
+    hosts_files = (
+        [source] if source.is_file() else sorted(p for p in inv_dir.iterdir() if p.is_file() and p.suffix in SUFFIXES)
+    )
     for f in hosts_files:
         if f.suffix in SUFFIXES:
             out += [Place(f, keys) for keys in _walk_hosts_file(_load(f), var, host)]
@@ -129,8 +131,10 @@ def _replace_scalar(text: str, mapping: CommentedMap, key: str, old: Any, new: s
 
 def _one(places: list[Place], var: str, whom: str) -> Place:
     if len(places) > 1:
-        raise EditError(f"{var} for {whom} is set in {len(places)} places ({'; '.join(map(str, places))}): "
-                        "the change is ambiguous, make it by hand")  # fmt: skip
+        raise EditError(
+            f"{var} for {whom} is set in {len(places)} places ({'; '.join(map(str, places))}): "
+            "the change is ambiguous, make it by hand"
+        )
     return places[0]
 
 
@@ -139,8 +143,10 @@ def retarget_instance(source: Path, host: str, index: int, role: str, name: str)
     var = "pdinfra_instances"
     places = definitions(source, var, host)
     if not places:
-        raise EditError(f"{var} for host {host} is not set in host_vars or the inventory file of {source} "
-                        "(a group-wide list cannot be changed for one host): make the change by hand")  # fmt: skip
+        raise EditError(
+            f"{var} for host {host} is not set in host_vars or the inventory file of {source} "
+            "(a group-wide list cannot be changed for one host): make the change by hand"
+        )
     place = _one(places, var, f"host {host}")
     text = place.path.read_text(encoding="utf-8")
     seq = _node(_load(place.path), place.keys)[var]
@@ -153,8 +159,9 @@ def retarget_instance(source: Path, host: str, index: int, role: str, name: str)
             raise EditError(f"{where}.{key} is a Jinja expression ({item[key]}): make the change by hand")
     old_name, old_role = item["name"], item["role"]
     # Replace from the later position first so that the earlier one's column still holds.
-    edits = sorted([("name", old_name, name), ("role", old_role, role)], key=lambda e: item.lc.value(e[0]),
-                   reverse=True)  # fmt: skip
+    edits = sorted(
+        [("name", old_name, name), ("role", old_role, role)], key=lambda e: item.lc.value(e[0]), reverse=True
+    )
     after = text
     for key, old, new in edits:
         after = _replace_scalar(after, item, key, old, new, f"{where}.{key}")
@@ -166,8 +173,10 @@ def set_cluster_var(source: Path, var: str, value: str, comment: str = "") -> Ed
     places = definitions(source, var)
     host_places = [p for h in _hostnames(source) for p in definitions(source, var, h)]
     if host_places:
-        raise EditError(f"{var} is set per host ({'; '.join(map(str, host_places))}): it is a cluster-wide "
-                        "variable, make the change by hand")  # fmt: skip
+        raise EditError(
+            f"{var} is set per host ({'; '.join(map(str, host_places))}): it is a cluster-wide "
+            "variable, make the change by hand"
+        )
     if places:
         place = _one(places, var, "the cluster")
         text = place.path.read_text(encoding="utf-8")
@@ -258,8 +267,10 @@ def _instances_place(source: Path, host: str) -> Place | None:
         return _one(places, var, f"host {host}")
     groups = definitions(source, var)
     if groups:
-        raise EditError(f"{var} of host {host} comes from a group ({'; '.join(map(str, groups))}): a group-wide list "
-                        "cannot be changed for one host, make the change by hand")  # fmt: skip
+        raise EditError(
+            f"{var} of host {host} comes from a group ({'; '.join(map(str, groups))}): a group-wide list "
+            "cannot be changed for one host, make the change by hand"
+        )
     return None
 
 
@@ -275,8 +286,10 @@ def _new_values(source: Path, item: Item) -> dict[str, Any]:
     base = _raw_item(source, item.like) if item.like else {}
     for k, v in base.items():
         if "{{" in str(v):
-            raise EditError(f"pdinfra_instances[{item.like[1]}].{k} of host {item.like[0]} is a Jinja expression "
-                            f"({v}): a new instance cannot copy it, make the change by hand")  # fmt: skip
+            raise EditError(
+                f"pdinfra_instances[{item.like[1]}].{k} of host {item.like[0]} is a Jinja expression "
+                f"({v}): a new instance cannot copy it, make the change by hand"
+            )
     out = {k: item.values.get(k, v) for k, v in base.items()} | {k: v for k, v in item.values.items() if k not in base}
     return {k: (list(v) if isinstance(v, CommentedSeq) else v) for k, v in out.items() if v is not None}
 
@@ -307,8 +320,9 @@ def set_instances(source: Path, host: str, items: list[Item], what: str) -> Edit
     if not isinstance(seq, CommentedSeq) or not seq:
         if seq not in (None, "") and not isinstance(seq, CommentedSeq):
             raise EditError(f"{where} is not a list: make the change by hand")
-        return _fill_empty(place.path, text, lines, key_line, key_col, [_new_values(source, i) for i in items],
-                           items, where, what)  # fmt: skip
+        return _fill_empty(
+            place.path, text, lines, key_line, key_col, [_new_values(source, i) for i in items], items, where, what
+        )
     if seq.fa.flow_style():
         raise EditError(f"{where} is a flow list ([...]), not one '- ' entry per line: make the change by hand")
     for i in items:
@@ -331,29 +345,52 @@ def set_instances(source: Path, host: str, items: list[Item], what: str) -> Edit
         firsts.append(first)
     bounds = [*firsts[1:], end]
     # the kept entries' scalars, replaced from the last position back so that earlier columns hold
-    repl = sorted(((seq[i.index].lc.value(k), i.index, k, v) for i in items if i.index is not None
-                   for k, v in i.values.items() if seq[i.index].get(k) != v), reverse=True)  # fmt: skip
+    repl = sorted(
+        (
+            (seq[i.index].lc.value(k), i.index, k, v)
+            for i in items
+            if i.index is not None
+            for k, v in i.values.items()
+            if seq[i.index].get(k) != v
+        ),
+        reverse=True,
+    )
     edited = text
     for _pos, idx, k, v in repl:
         entry = seq[idx]
         if k not in entry or "{{" in str(entry[k]) or isinstance(entry[k], (list, dict)):
-            raise EditError(f"{where}[{idx}].{k}: not a plain value in the file ({entry.get(k)!r}); make the change "
-                            "by hand")  # fmt: skip
+            raise EditError(
+                f"{where}[{idx}].{k}: not a plain value in the file ({entry.get(k)!r}); make the change by hand"
+            )
         edited = _replace_scalar(edited, entry, k, entry[k], _yaml_value(v), f"{where}[{idx}].{k}")
     elines = edited.splitlines(True)
-    body = "".join("".join(elines[firsts[i.index]:bounds[i.index]]) if i.index is not None
-                   else _render(_new_values(source, i), dash_col, flow) for i in items)  # fmt: skip
+    body = "".join(
+        "".join(elines[firsts[i.index] : bounds[i.index]])
+        if i.index is not None
+        else _render(_new_values(source, i), dash_col, flow)
+        for i in items
+    )
     if not items:
-        return _fill_empty(place.path, text, lines[:firsts[0]] + lines[end:], key_line, key_col, [], items, where,
-                           what)  # fmt: skip
-    return Edit(place.path, text, "".join(elines[:firsts[0]]) + body + "".join(elines[end:]), what)
+        return _fill_empty(
+            place.path, text, lines[: firsts[0]] + lines[end:], key_line, key_col, [], items, where, what
+        )
+    return Edit(place.path, text, "".join(elines[: firsts[0]]) + body + "".join(elines[end:]), what)
 
 
 _EMPTY_KEY = re.compile(r"(\s*pdinfra_instances:)\s*(?:\[\s*\])?\s*(#.*)?\n?")
 
 
-def _fill_empty(path: Path, text: str, lines: list[str], key_line: int, key_col: int, values: list[dict[str, Any]],
-                items: list[Item], where: str, what: str) -> Edit:  # fmt: skip
+def _fill_empty(
+    path: Path,
+    text: str,
+    lines: list[str],
+    key_line: int,
+    key_col: int,
+    values: list[dict[str, Any]],
+    items: list[Item],
+    where: str,
+    what: str,
+) -> Edit:
     """The key line ``pdinfra_instances: []`` (or ``pdinfra_instances:`` and nothing) with these entries, or
     emptied when there are none."""
     if any(i.index is not None for i in items):
@@ -364,4 +401,4 @@ def _fill_empty(path: Path, text: str, lines: list[str], key_line: int, key_col:
     comment = f"  {m.group(2)}" if m.group(2) else ""
     head = f"{m.group(1)}{'' if values else ' []'}{comment}\n"
     body = "".join(_render(v, key_col + 2, False) for v in values)
-    return Edit(path, text, "".join(lines[:key_line]) + head + body + "".join(lines[key_line + 1:]), what)
+    return Edit(path, text, "".join(lines[:key_line]) + head + body + "".join(lines[key_line + 1 :]), what)

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from pdinfra import paths
+from pdinfra.cluster.checker import ClusterError, Problem, suggest
 from pdinfra.cluster.model import Cluster, Secrets
-from pdinfra.cluster.resolve import ClusterError, Problem, suggest
 from pdinfra.playbook import ansible_bin, ansible_env
 
 DEFAULT = paths.REPO / "inventory" / "local" / "hosts.yml"
@@ -99,14 +99,26 @@ def orphan_vars(sources: list[Path], groups: list[str], hosts: list[str]) -> lis
             for entry in sorted(d.iterdir()):
                 if entry.name.startswith("."):
                     continue
-                name = entry.name if entry.is_dir() else entry.stem if entry.suffix in (".yml", ".yaml", ".json") \
-                    else entry.name if not entry.suffix else None  # fmt: skip
+                name = (
+                    entry.name
+                    if entry.is_dir()
+                    else entry.stem
+                    if entry.suffix in (".yml", ".yaml", ".json")
+                    else entry.name
+                    if not entry.suffix
+                    else None
+                )
                 if name is None or name in known:
                     continue
                 listed = ", ".join(k for k in known if k not in ("all", "ungrouped"))
-                out.append(Problem(sub, f"{entry} names no {what} of the inventory (its {what}s: {listed}), so its "
-                                   f"variables reach no host{suggest(name, known)}; a {what} renamed in hosts.yml "
-                                   "leaves its file behind: rename the file with it"))  # fmt: skip
+                out.append(
+                    Problem(
+                        sub,
+                        f"{entry} names no {what} of the inventory (its {what}s: {listed}), so its "
+                        f"variables reach no host{suggest(name, known)}; a {what} renamed in hosts.yml "
+                        "leaves its file behind: rename the file with it",
+                    )
+                )
     return out
 
 
@@ -126,8 +138,13 @@ def load(source: Path | str | list[Path | str] = DEFAULT) -> Inventory:
     ``-i``. Only the test hosts read it raw; everything else reads :func:`load_cluster`."""
     sources = _sources(source)
     args = [a for s in sources for a in ("-i", str(s))]
-    res = subprocess.run([ansible_bin("ansible-inventory"), *args, "--list"], capture_output=True, text=True,
-                         cwd=paths.REPO, env=ansible_env(ANSIBLE_INVENTORY_UNPARSED_FAILED="true"))  # fmt: skip
+    res = subprocess.run(
+        [ansible_bin("ansible-inventory"), *args, "--list"],
+        capture_output=True,
+        text=True,
+        cwd=paths.REPO,
+        env=ansible_env(ANSIBLE_INVENTORY_UNPARSED_FAILED="true"),
+    )
     if res.returncode != 0:
         raise InventoryError(f"ansible-inventory could not read {', '.join(map(str, sources))}:\n{res.stderr.strip()}")
     data = json.loads(res.stdout)
@@ -167,9 +184,15 @@ def load_cluster(
                "-m", "pdinfra_cluster", "-a", json.dumps({"output": str(out), "output_secrets": secrets})]  # fmt: skip
         for e in extra_vars or []:
             cmd += ["-e", e]
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=paths.REPO,
-                             env=ansible_env(ANSIBLE_INVENTORY_UNPARSED_FAILED="true", ANSIBLE_NOCOLOR="1",
-                                             ANSIBLE_LOCALHOST_WARNING="false"))  # fmt: skip
+        res = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            cwd=paths.REPO,
+            env=ansible_env(
+                ANSIBLE_INVENTORY_UNPARSED_FAILED="true", ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="false"
+            ),
+        )
         if not out.exists():
             tail = (res.stdout + res.stderr).strip()[-3000:]
             raise InventoryError(f"Ansible could not resolve {', '.join(map(str, sources))}:\n{tail}")

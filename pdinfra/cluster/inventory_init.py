@@ -104,14 +104,17 @@ def load_facts(data: Any, source: str, name: str | None = None) -> HostFacts:
     """Check that ``data`` is a GPU host's pdinfra facts that inventory init can start from; raise FactsError naming
     ``source`` otherwise."""
     if not isinstance(data, dict) or "schema" not in data:
-        raise FactsError(f"{source}: not a pdinfra facts file (no 'schema' key): write one on the host with "
-                         "`pdinfra facts -o FILE`")  # fmt: skip
+        raise FactsError(
+            f"{source}: not a pdinfra facts file (no 'schema' key): write one on the host with `pdinfra facts -o FILE`"
+        )
     hostname = name or str(data.get("hostname") or "").strip()
     if not HOSTNAME_RE.match(hostname):
         raise FactsError(f"{source}: hostname {hostname!r} cannot name an inventory host; give one with NAME=FILE")
     if not _gpu_count(data)[0]:
-        raise FactsError(f"{source}: no NVIDIA GPU in these facts (neither NVML nor the PCI bus shows one); "
-                         "inventory init writes GPU hosts")  # fmt: skip
+        raise FactsError(
+            f"{source}: no NVIDIA GPU in these facts (neither NVML nor the PCI bus shows one); "
+            "inventory init writes GPU hosts"
+        )
     drv = data.get("nvidia_driver") or {}
     if drv.get("loaded") and drv.get("flavour") == "proprietary":
         raise FactsError(
@@ -184,8 +187,13 @@ def _profile(facts: dict[str, Any]) -> tuple[profiles.HardwareProfile, str]:
     acc = profiles.acceptance_for_gpus(names)
     shown = ", ".join(f"{n}x {m}" for m, n in Counter(names).items()) if names else f"{count} GPU(s), names unknown"
     for p in profiles.PROFILES.values():
-        if p.gpu and p.acceptance is not None and p.acceptance is acc and p.expect.get("gpu_count") == count \
-                and bool(p.expect.get("fabric")) == fabric:  # fmt: skip
+        if (
+            p.gpu
+            and p.acceptance is not None
+            and p.acceptance is acc
+            and p.expect.get("gpu_count") == count
+            and bool(p.expect.get("fabric")) == fabric
+        ):
             return p, f"matched by {shown} and the NVLink fabric ({fabric_why}): {p.description}"
     known = ", ".join(p for p in profiles.PROFILES if profiles.PROFILES[p].gpu and p != "gpu-generic")
     return profiles.PROFILES["gpu-generic"], (
@@ -208,8 +216,14 @@ def _expect_entries(facts: dict[str, Any], hw: profiles.HardwareProfile) -> list
             out.append(Entry("ecc", True, "ECC on every GPU (NVML ecc_mode)"))
         else:
             off = ", ".join(f"GPU{i}" for i, v in ecc if not v)
-            out.append(Entry("ecc", False, f"ECC off on {off} (NVML ecc_mode). {DECIDE} data-center GPUs ship with "
-                             "ECC on: `nvidia-smi -e 1` and a reboot, then set true"))  # fmt: skip
+            out.append(
+                Entry(
+                    "ecc",
+                    False,
+                    f"ECC off on {off} (NVML ecc_mode). {DECIDE} data-center GPUs ship with "
+                    "ECC on: `nvidia-smi -e 1` and a reboot, then set true",
+                )
+            )
     most, version, note = _nvlinks(facts)
     if want.get("nvlinks_per_gpu") is None and most:
         out.append(Entry("nvlinks_per_gpu", most, f"active NVLinks per GPU (NVML){note}"))
@@ -231,9 +245,11 @@ def _driver_entries(facts: dict[str, Any], plan: HostPlan) -> list[Entry]:
         return []
     branch = version.split(".", 1)[0]
     if branch not in branches:
-        plan.notes.append(f"open driver {version} is on branch {branch}, which the nvidia_driver role does not handle "
-                          f"({', '.join(branches)}): no pin written; the role's default {default} would "
-                          "apply")  # fmt: skip
+        plan.notes.append(
+            f"open driver {version} is on branch {branch}, which the nvidia_driver role does not handle "
+            f"({', '.join(branches)}): no pin written; the role's default {default} would "
+            "apply"
+        )
         return []
     why = f"the loaded open kernel module (/proc/driver/nvidia/version: {version})"
     library = str((facts.get("gpus") or {}).get("driver_version") or "")
@@ -241,9 +257,13 @@ def _driver_entries(facts: dict[str, Any], plan: HostPlan) -> list[Entry]:
         why += f"; NVML's library is {library}: finish that upgrade (reboot) before deploying"
     return [
         Entry("nvidia_driver_branch", branch, f"from {why}"),
-        Entry("nvidia_driver_version", version, "the pin: the nvidia_driver role leaves a driver at this version alone "
-              "(also one installed outside packages) and validate's driver.version expects it"),
-    ]  # fmt: skip
+        Entry(
+            "nvidia_driver_version",
+            version,
+            "the pin: the nvidia_driver role leaves a driver at this version alone "
+            "(also one installed outside packages) and validate's driver.version expects it",
+        ),
+    ]
 
 
 def _interface_addresses(facts: dict[str, Any]) -> dict[str, list[str]]:
@@ -275,9 +295,11 @@ def _rails(facts: dict[str, Any], plan: HostPlan) -> tuple[list[dict[str, Any]],
             v2 = [g for g in port.get("gids") or [] if g.get("type") == "RoCE v2" and g.get("ipv4")]
             netdev = (v2[0].get("ndev") if v2 else None) or next(iter(dev.get("netdevs") or []), None)
             if not v2 or not netdev:
-                plan.notes.append(f"{name} port {port.get('port')} has no IPv4 RoCE v2 GID"
-                                  f"{' on ' + netdev if netdev else ''}: no address to take; add it to rdma_roce_nics "
-                                  "with the address it should have")  # fmt: skip
+                plan.notes.append(
+                    f"{name} port {port.get('port')} has no IPv4 RoCE v2 GID"
+                    f"{' on ' + netdev if netdev else ''}: no address to take; add it to rdma_roce_nics "
+                    "with the address it should have"
+                )
                 continue
             ip = str(v2[0]["ipv4"])
             known = [a for a in addresses.get(netdev, []) if a.split("/", 1)[0] == ip]
@@ -339,8 +361,13 @@ def _rail_settings(facts: dict[str, Any], rails: list[dict[str, Any]]) -> list[E
         sides = [(qos.get(r["netdev"]) or {}) for r in rails]
         if all("ecn_roce_np" in q and "ecn_roce_rp" in q for q in sides):
             ecn = all(prio in q["ecn_roce_np"] and prio in q["ecn_roce_rp"] for q in sides)
-            out.append(Entry("rdma_roce_ecn", ecn, f"ECN {'on' if ecn else 'not on'} priority {prio} on every rail "
-                             "(sysfs ecn/roce_np, roce_rp)"))  # fmt: skip
+            out.append(
+                Entry(
+                    "rdma_roce_ecn",
+                    ecn,
+                    f"ECN {'on' if ecn else 'not on'} priority {prio} on every rail (sysfs ecn/roce_np, roce_rp)",
+                )
+            )
     return out
 
 
@@ -356,12 +383,16 @@ def _address(facts: dict[str, Any], rails: list[dict[str, Any]], index: int) -> 
                 found.append((netdev, a))
     if found:
         others = "; also " + ", ".join(f"{n} {a}" for n, a in found[1:]) if len(found) > 1 else ""
-        return found[0][1], (f"{found[0][0]}'s address (netlink){others}. {DECIDE} the address the router and the "
-                             "other hosts reach it on")  # fmt: skip
+        return found[0][1], (
+            f"{found[0][0]}'s address (netlink){others}. {DECIDE} the address the router and the "
+            "other hosts reach it on"
+        )
     placeholder = f"{PLACEHOLDER_NET.network_address + 11 + index}/{PLACEHOLDER_NET.prefixlen}"
     reason = ((facts.get("netdevs") or {}).get("reason")) or "no IPv4 address recorded"
-    return placeholder, (f"{DECIDE} a placeholder from 198.18.0.0/15 (RFC 2544): the facts hold no address ({reason}); "
-                         "put the host's serving address here")  # fmt: skip
+    return placeholder, (
+        f"{DECIDE} a placeholder from 198.18.0.0/15 (RFC 2544): the facts hold no address ({reason}); "
+        "put the host's serving address here"
+    )
 
 
 def plan_host(hf: HostFacts, index: int) -> HostPlan:
@@ -377,25 +408,45 @@ def plan_host(hf: HostFacts, index: int) -> HostPlan:
     plan.entries.append(Entry("pdinfra_hardware", hw.name, hw_why))
     expect = _expect_entries(facts, hw)
     if expect:
-        plan.entries.append(Entry("pdinfra_expect", comment="what the facts show beyond the hardware profile; "
-                                  "validate judges the host against it", children=expect))  # fmt: skip
+        plan.entries.append(
+            Entry(
+                "pdinfra_expect",
+                comment="what the facts show beyond the hardware profile; validate judges the host against it",
+                children=expect,
+            )
+        )
     plan.entries += _driver_entries(facts, plan)
     if rails:
-        plan.entries.append(Entry("rdma_roce_nics", comment="RoCE rails: the RDMA ports with an IPv4 RoCE v2 GID "
-                                  "(rdma facts), each its own policy-routing table; the rdma_roce role owns their "
-                                  f"netplan, routing and QoS. {DECIDE} the prefix length where the facts hold the "
-                                  "address only in the GID table (/24 assumed), and a gateway if the rails are routed",
-                                  items=list(zip(rail_comments, rails, strict=True))))  # fmt: skip
+        plan.entries.append(
+            Entry(
+                "rdma_roce_nics",
+                comment="RoCE rails: the RDMA ports with an IPv4 RoCE v2 GID "
+                "(rdma facts), each its own policy-routing table; the rdma_roce role owns their "
+                f"netplan, routing and QoS. {DECIDE} the prefix length where the facts hold the "
+                "address only in the GID table (/24 assumed), and a gateway if the rails are routed",
+                items=list(zip(rail_comments, rails, strict=True)),
+            )
+        )
         plan.entries += _rail_settings(facts, rails)
         gpus = _ucx_gpus(facts)
         if gpus:
             names = {int(d.get("index", 0)): str(d.get("name") or "GPU") for d in _devices(facts)}
-            plan.entries.append(Entry("ucx_gpus", comment="GPU placement for the ucx role's GPU<->NIC map: NVML "
-                                      "index, PCI address, NUMA node (sysfs), the PCIe switch above it (pcie_acs)",
-                                      items=[(f"GPU{g['index']}: {names.get(g['index'])}", g) for g in gpus]))
-            plan.entries.append(Entry("ucx_nics", comment="the rails' NICs, placed the same way; each GPU gets the "
-                                      "closest one in ucx-gpu<N>.env (same switch, then NUMA node)",
-                                      items=[(n["rdma_dev"], n) for n in nics]))  # fmt: skip
+            plan.entries.append(
+                Entry(
+                    "ucx_gpus",
+                    comment="GPU placement for the ucx role's GPU<->NIC map: NVML "
+                    "index, PCI address, NUMA node (sysfs), the PCIe switch above it (pcie_acs)",
+                    items=[(f"GPU{g['index']}: {names.get(g['index'])}", g) for g in gpus],
+                )
+            )
+            plan.entries.append(
+                Entry(
+                    "ucx_nics",
+                    comment="the rails' NICs, placed the same way; each GPU gets the "
+                    "closest one in ucx-gpu<N>.env (same switch, then NUMA node)",
+                    items=[(n["rdma_dev"], n) for n in nics],
+                )
+            )
     else:
         devices = (facts.get("rdma") or {}).get("devices") or []
         why = (facts.get("rdma") or {}).get("reason") or f"{len(devices)} RDMA device(s), none with a RoCE address"
@@ -415,8 +466,11 @@ def _instances(hosts: list[HostPlan]) -> tuple[str, dict[str, list[dict[str, Any
         h = next(h for h in hosts if h.gpus)
         out[h.name] = [{"name": "serve0", "role": "decode", "port": PORTS["decode"],
                         "side_channel_port": SIDE_CHANNEL_BASE, "gpus": [0]}]  # fmt: skip
-        return "agg", out, ("one GPU in all: prefill and decode each need GPUs of their own, so agg (one aggregated "
-                            "instance)")  # fmt: skip
+        return (
+            "agg",
+            out,
+            ("one GPU in all: prefill and decode each need GPUs of their own, so agg (one aggregated instance)"),
+        )
     count = {"prefill": 0, "decode": 0}
     for i, h in enumerate(hosts):
         if len(hosts) == 1:
@@ -427,13 +481,23 @@ def _instances(hosts: list[HostPlan]) -> tuple[str, dict[str, list[dict[str, Any
         for j, role in enumerate(roles):
             k = count[role]
             count[role] += 1
-            insts.append({"name": f"{role}{k}", "role": role, "port": PORTS[role] + k,
-                          "side_channel_port": SIDE_CHANNEL_BASE + 10 * j, "gpus": [j]})  # fmt: skip
+            insts.append(
+                {
+                    "name": f"{role}{k}",
+                    "role": role,
+                    "port": PORTS[role] + k,
+                    "side_channel_port": SIDE_CHANNEL_BASE + 10 * j,
+                    "gpus": [j],
+                }
+            )
         out[h.name] = insts
     if not count["prefill"] or not count["decode"]:  # several hosts, GPUs on one side only
         return "agg", out, "the GPUs are all on hosts of one role: agg"
-    why = ("one host: the first half of its GPUs prefill, the second half decode" if len(hosts) == 1 else
-           "several hosts: they alternate prefill and decode (the first prefill), every GPU its own instance")
+    why = (
+        "one host: the first half of its GPUs prefill, the second half decode"
+        if len(hosts) == 1
+        else "several hosts: they alternate prefill and decode (the first prefill), every GPU its own instance"
+    )
     return "pd", out, why
 
 
@@ -443,18 +507,24 @@ def plan_inventory(hosts: list[HostFacts]) -> InventoryPlan:
     seen: dict[str, str] = {}
     for hf in hosts:
         if hf.name in seen:
-            raise FactsError(f"{hf.source}: hostname {hf.name!r} is also that of {seen[hf.name]}; name them with "
-                             "NAME=FILE (hosts of one inventory need distinct names)")  # fmt: skip
+            raise FactsError(
+                f"{hf.source}: hostname {hf.name!r} is also that of {seen[hf.name]}; name them with "
+                "NAME=FILE (hosts of one inventory need distinct names)"
+            )
         seen[hf.name] = hf.source
     plans = [plan_host(hf, i) for i, hf in enumerate(hosts)]
     layout, instances, layout_why = _instances(plans)
     for p in plans:
         insts = instances.get(p.name) or []
         if insts:
-            p.entries.append(Entry(
-                "pdinfra_instances", comment=f"a first layout, one TP-1 instance per GPU. {DECIDE} the instances "
-                "(tensor_parallel_size is the model's; gpus are 0-based CUDA indexes)",
-                items=[(f"GPU {i['gpus'][0]}", i) for i in insts]))  # fmt: skip
+            p.entries.append(
+                Entry(
+                    "pdinfra_instances",
+                    comment=f"a first layout, one TP-1 instance per GPU. {DECIDE} the instances "
+                    "(tensor_parallel_size is the model's; gpus are 0-based CUDA indexes)",
+                    items=[(f"GPU {i['gpus'][0]}", i) for i in insts],
+                )
+            )
     router = plans[0].name
     all_entries = [
         Entry("pdinfra_profile", "gpu", "every host's facts show NVIDIA GPUs"),
@@ -513,22 +583,28 @@ def render(plan: InventoryPlan, sources: list[str], when: datetime | None = None
     head = [
         "---",
         f"# Written by `pdinfra inventory init` on {stamp} from the facts of "
-        + ", ".join(f"{h.name} ({h.source})" for h in plan.hosts) + ".",
+        + ", ".join(f"{h.name} ({h.source})" for h in plan.hosts)
+        + ".",
     ]
     head = [head[0], *_comment(head[1][2:], "")]
-    head += _comment("Every value says where it came from; DECIDE: marks what the facts cannot tell. `pdinfra "
-                     "check-config -i <this directory>/hosts.yml` accepts it as written; nothing has been deployed. "
-                     "Groups: pd_cluster (every serving host), router (the one running the gateway and vllm-router, "
-                     "also in pd_cluster). Variables: host_vars/<host>.yml (hardware, driver pin, rails, instances), "
-                     "group_vars/all.yml (cluster-wide).", "")  # fmt: skip
+    head += _comment(
+        "Every value says where it came from; DECIDE: marks what the facts cannot tell. `pdinfra "
+        "check-config -i <this directory>/hosts.yml` accepts it as written; nothing has been deployed. "
+        "Groups: pd_cluster (every serving host), router (the one running the gateway and vllm-router, "
+        "also in pd_cluster). Variables: host_vars/<host>.yml (hardware, driver pin, rails, instances), "
+        "group_vars/all.yml (cluster-wide).",
+        "",
+    )
     if plan.notes:
         head += ["#", "# Not taken from the facts:"] + [ln for n in plan.notes for ln in _comment("- " + n, "")]
     hosts = [*head, "all:", "  children:", "    pd_cluster:", "      hosts:"]
     for h in plan.hosts:
         ip = h.address.split("/", 1)[0]
         hosts += [f"        {h.name}:"]
-        hosts += _comment(f"how the controller reaches {h.name}: pdinfra_address's IP. {DECIDE} its SSH address if "
-                          "another one", "          ")  # fmt: skip
+        hosts += _comment(
+            f"how the controller reaches {h.name}: pdinfra_address's IP. {DECIDE} its SSH address if another one",
+            "          ",
+        )
         hosts += [f"          ansible_host: {ip}"]
     hosts += ["    router:", "      hosts:"]
     hosts += _comment(f"{DECIDE} the router host (the first host; any PD host can be)", "        ")
@@ -548,8 +624,9 @@ def write(files: dict[str, str], out: Path, force: bool = False) -> list[Path]:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"{out} is not empty: choose another --out, or --force to overwrite the files "
-                              "inventory init writes")  # fmt: skip
+        raise FileExistsError(
+            f"{out} is not empty: choose another --out, or --force to overwrite the files inventory init writes"
+        )
     written = []
     for rel, text in files.items():
         path = out / rel

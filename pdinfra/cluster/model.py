@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdinfra.cluster import connectors
 from pdinfra.cluster.price import Price
 
 SCHEMA = "pdinfra-cluster/1"
@@ -88,7 +89,6 @@ class Router:
     layout: str
     prefill: tuple[str, ...]
     decode: tuple[str, ...]
-    connector: str = "nixl"  # the KV connector the router speaks (pdinfra_connector)
     # pdinfra_connector mooncake: each prefill's bootstrap server port (its side_channel_port), in prefill's order
     prefill_bootstrap_ports: tuple[int, ...] = ()
     lmcache_notify_port: int = 0  # pdinfra_connector lmcache: where the proxy takes the prefills' notifications
@@ -230,7 +230,7 @@ class Cluster:
     def bootstrap(self) -> dict[str, str]:
         """Under pdinfra_connector mooncake: prefill URL -> its Mooncake bootstrap server (vLLM's
         VLLM_MOONCAKE_BOOTSTRAP_PORT, the instance's side_channel_port); empty for the other connectors."""
-        if self.connector != "mooncake" or self.layout != "pd":
+        if not connectors.get(self.connector).in_effect(self.layout)["bootstrap"]:
             return {}
         return {i.url: f"http://{i.side_channel_host}:{i.side_channel_port}" for i in self.by_role("prefill")}
 
@@ -269,23 +269,45 @@ class Cluster:
         def router(r: dict[str, Any] | None) -> Router | None:
             if not r:
                 return None
-            return Router(**{**r, "prefill": tuple(r["prefill"]), "decode": tuple(r["decode"]),
-                              "prefill_bootstrap_ports": tuple(r.get("prefill_bootstrap_ports", ()))})
+            return Router(
+                **{
+                    **{k: v for k, v in r.items() if k != "connector"},  # (written by releases before 2026-12-07)
+                    "prefill": tuple(r["prefill"]),
+                    "decode": tuple(r["decode"]),
+                    "prefill_bootstrap_ports": tuple(r.get("prefill_bootstrap_ports", ())),
+                }
+            )
 
         hosts = []
         for h in data["hosts"]:
             insts = tuple(
-                Instance(**{**i, "gpus": tuple(i["gpus"]), "extra_args": tuple(i.get("extra_args", ())),
-                            "lmcache_init_ports": tuple(i.get("lmcache_init_ports", ())),
-                            "lmcache_alloc_ports": tuple(i.get("lmcache_alloc_ports", ()))})
+                Instance(
+                    **{
+                        **i,
+                        "gpus": tuple(i["gpus"]),
+                        "extra_args": tuple(i.get("extra_args", ())),
+                        "lmcache_init_ports": tuple(i.get("lmcache_init_ports", ())),
+                        "lmcache_alloc_ports": tuple(i.get("lmcache_alloc_ports", ())),
+                    }
+                )
                 for i in h.get("instances", [])
             )
             rails = tuple(Rail(**r) for r in h.get("rails", []))
             fw = h.get("firewall")
             fw_obj = Firewall(**{k: tuple(v) if isinstance(v, list) else v for k, v in fw.items()}) if fw else None
             price = Price(**h["price"]) if h.get("price") else None
-            hosts.append(Host(**{**h, "instances": insts, "rails": rails, "router": router(h.get("router")),
-                                 "firewall": fw_obj, "price": price}))  # fmt: skip
+            hosts.append(
+                Host(
+                    **{
+                        **h,
+                        "instances": insts,
+                        "rails": rails,
+                        "router": router(h.get("router")),
+                        "firewall": fw_obj,
+                        "price": price,
+                    }
+                )
+            )
         return cls(
             profile=data["profile"],
             connector=data["connector"],
@@ -322,8 +344,13 @@ class Cluster:
 def _monitoring(m: dict[str, Any] | None) -> Monitoring | None:
     if not m:
         return None
-    return Monitoring(**{**m, "targets": {k: tuple(v) for k, v in m.get("targets", {}).items()},
-                         "labels": {k: dict(v) for k, v in m.get("labels", {}).items()}})  # fmt: skip
+    return Monitoring(
+        **{
+            **m,
+            "targets": {k: tuple(v) for k, v in m.get("targets", {}).items()},
+            "labels": {k: dict(v) for k, v in m.get("labels", {}).items()},
+        }
+    )
 
 
 def _lists(obj: Any) -> Any:

@@ -38,9 +38,11 @@ class ModelFacts:
     source: str  # the files the figures come from
 
     def describe(self) -> str:
-        return (f"{self.hf_id}: context {self.context_length} tokens, {self.num_layers} layers, "
-                f"{self.num_attention_heads} attention heads, {self.num_kv_heads} KV heads, head dim {self.head_dim}, "
-                f"{'a' if self.chat_template else 'no'} chat template ({self.source})")  # fmt: skip
+        return (
+            f"{self.hf_id}: context {self.context_length} tokens, {self.num_layers} layers, "
+            f"{self.num_attention_heads} attention heads, {self.num_kv_heads} KV heads, head dim {self.head_dim}, "
+            f"{'a' if self.chat_template else 'no'} chat template ({self.source})"
+        )
 
 
 _HF = "huggingface.co/{id}: config.json ({fields}); {chat}"
@@ -131,18 +133,29 @@ def from_dir(path: Path | str) -> ModelFacts | None:
     except (OSError, ValueError):
         pass
     return ModelFacts(
-        name=base.name, hf_id=str(base), context_length=context, num_layers=layers, num_attention_heads=heads,
-        num_kv_heads=int(kv), head_dim=int(head_dim), chat_template=chat, shape=None,
+        name=base.name,
+        hf_id=str(base),
+        context_length=context,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=int(kv),
+        head_dim=int(head_dim),
+        chat_template=chat,
+        shape=None,
         source=f"{base}/config.json, tokenizer_config.json on the controller",
-    )  # fmt: skip
+    )
 
 
 def tp_problem(facts: ModelFacts, tp: int) -> str | None:
     """Why vLLM would refuse this tensor-parallel size for the model, or None (as kvshape.tp_problem)."""
     if facts.num_attention_heads % tp:
-        return (f"tensor_parallel_size {tp} does not divide {facts.name}'s {facts.num_attention_heads} attention heads "
-                "(vLLM refuses to start)")  # fmt: skip
+        return (
+            f"tensor_parallel_size {tp} does not divide {facts.name}'s {facts.num_attention_heads} attention heads "
+            "(vLLM refuses to start)"
+        )
     if facts.num_kv_heads % tp and tp % facts.num_kv_heads:
-        return (f"tensor_parallel_size {tp} neither divides nor is a multiple of {facts.name}'s {facts.num_kv_heads} "
-                "KV heads")  # fmt: skip
+        return (
+            f"tensor_parallel_size {tp} neither divides nor is a multiple of {facts.name}'s {facts.num_kv_heads} "
+            "KV heads"
+        )
     return None

@@ -33,14 +33,16 @@ class Price:
             raise ValueError("give exactly one of per_gpu_hour and per_host_hour")
         for name in ("per_gpu_hour", "per_host_hour"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                                  or v < 0):  # fmt: skip
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+            ):
                 raise ValueError(f"{name} must be a number >= 0, not {v!r}")
         if not isinstance(self.currency, str) or not self.currency.strip():
             raise ValueError(f"currency must be a non-empty string such as USD, not {self.currency!r}")
         if not isinstance(self.source, str) or not self.source.strip():
-            raise ValueError("source is required: say where the figure comes from (a quote, a contract, a list "
-                             "price and its date)")  # fmt: skip
+            raise ValueError(
+                "source is required: say where the figure comes from (a quote, a contract, a list price and its date)"
+            )
 
     @property
     def per_gpu(self) -> bool:

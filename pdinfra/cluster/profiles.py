@@ -60,23 +60,31 @@ class Acceptance:
 H100_SXM = Acceptance(
     "H100 SXM (HGX H100)",
     (r"NVIDIA H100 80GB HBM3",),
-    h2d_gbps=48.0, d2h_gbps=48.0, p2p_gbps=335.0, all_reduce_busbw_gbps=460.0, rdma_gbits=380.0,
+    h2d_gbps=48.0,
+    d2h_gbps=48.0,
+    p2p_gbps=335.0,
+    all_reduce_busbw_gbps=460.0,
+    rdma_gbits=380.0,
     sources=(
         ("h2d_gbps, d2h_gbps, p2p_gbps", f"{AZUREHPC} conf/nd96isr_h100_v5.conf: check_gpu_bw 48 335"),
         ("all_reduce_busbw_gbps", f"{AZUREHPC} conf/nd96isr_h100_v5.conf: check_nccl_allreduce 460.0 1 16G"),
         ("rdma_gbits", f"{AZUREHPC} conf/nd96isr_h100_v5.conf: check_ib_bw_gdr 380"),
     ),
-)  # fmt: skip
+)
 H200_SXM = Acceptance(
     "H200 SXM (HGX H200)",
     (r"NVIDIA H200",),
-    h2d_gbps=48.0, d2h_gbps=48.0, p2p_gbps=335.0, all_reduce_busbw_gbps=431.0, rdma_gbits=360.0,
+    h2d_gbps=48.0,
+    d2h_gbps=48.0,
+    p2p_gbps=335.0,
+    all_reduce_busbw_gbps=431.0,
+    rdma_gbits=360.0,
     sources=(
         ("h2d_gbps, d2h_gbps, p2p_gbps", f"{AZUREHPC} conf/nd96isr_h200_v5.conf: check_gpu_bw 48 335"),
         ("all_reduce_busbw_gbps", f"{AZUREHPC} conf/nd96isr_h200_v5.conf: check_nccl_allreduce 431.0 1 16G"),
         ("rdma_gbits", f"{AZUREHPC} conf/nd96isr_h200_v5.conf: check_ib_bw_gdr 360"),
     ),
-)  # fmt: skip
+)
 ACCEPTANCE = (H100_SXM, H200_SXM)
 
 # Indicative list prices (on-demand, USD). A GPU rents at very different rates by provider and commitment; these are
@@ -124,8 +132,14 @@ PROFILES: dict[str, HardwareProfile] = {
         HardwareProfile(
             "hgx-h100-8gpu",
             "HGX H100 8-GPU: NVLink 4.0 x18 per GPU into 4 NVSwitches, 8x 400G RoCE rails.",
-            {"role": "gpu", "gpu_count": 8, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
-             "ecc": True},
+            {
+                "role": "gpu",
+                "gpu_count": 8,
+                "nvlink_version": "4.0",
+                "nvlinks_per_gpu": 18,
+                "fabric": True,
+                "ecc": True,
+            },
             rail_speed_mbps=400_000,
             rail_count=8,
             acceptance=H100_SXM,
@@ -134,8 +148,14 @@ PROFILES: dict[str, HardwareProfile] = {
         HardwareProfile(
             "hgx-h200-8gpu",
             "HGX H200 8-GPU: NVLink 4.0 x18 per GPU into 4 NVSwitches, 8x 400G RoCE rails.",
-            {"role": "gpu", "gpu_count": 8, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
-             "ecc": True},
+            {
+                "role": "gpu",
+                "gpu_count": 8,
+                "nvlink_version": "4.0",
+                "nvlinks_per_gpu": 18,
+                "fabric": True,
+                "ecc": True,
+            },
             rail_speed_mbps=400_000,
             rail_count=8,
             acceptance=H200_SXM,
@@ -143,10 +163,15 @@ PROFILES: dict[str, HardwareProfile] = {
         ),
         HardwareProfile(
             "hgx-h200-2gpu",
-            "Two GPUs of an HGX H200 baseboard: NVLink 4.0 x18, NVSwitch fabric, "
-            "no RDMA rails.",
-            {"role": "gpu", "gpu_count": 2, "nvlink_version": "4.0", "nvlinks_per_gpu": 18, "fabric": True,
-             "ecc": True},
+            "Two GPUs of an HGX H200 baseboard: NVLink 4.0 x18, NVSwitch fabric, no RDMA rails.",
+            {
+                "role": "gpu",
+                "gpu_count": 2,
+                "nvlink_version": "4.0",
+                "nvlinks_per_gpu": 18,
+                "fabric": True,
+                "ecc": True,
+            },
             acceptance=H200_SXM,
             price=H200_PRICE,
         ),

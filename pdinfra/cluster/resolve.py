@@ -12,10 +12,10 @@ import dataclasses
 import re
 from typing import Any
 
-from pdinfra.cluster import profiles, resolve_roles, schema
+from pdinfra.cluster import connectors, profiles, resolve_roles, schema
 
 # The resolver's public names live in checker.py and resolve_hosts.py; resolve re-exports them for its users.
-from pdinfra.cluster.checker import (  # noqa: F401
+from pdinfra.cluster.checker import (
     CLUSTER_GROUP,
     ROUTER_GROUP,
     Checker,
@@ -27,38 +27,36 @@ from pdinfra.cluster.checker import (  # noqa: F401
     Settings,
     check_block,
     default_block_size,
-    format_problems,
     host_value,
     role_value,
     show,
     suggest,
 )
 from pdinfra.cluster.model import Cluster, Host, Instance, KVStore, Monitoring, Router, Secrets
-from pdinfra.cluster.resolve_hosts import (  # noqa: F401
-    EXPECT_KEYS,
-    _address,
-    _check_consistency,
-    _check_ports,
-    _expect,
-    _gpu_host_pins,
-    _hardware,
-    _instances,
-    _model,
-    _model_limits,
-    _price,
-    _rails,
+from pdinfra.cluster.resolve_hosts import (
+    check_consistency,
+    check_ports,
+    gpu_host_pins,
+    model_limits,
+    resolve_address,
+    resolve_expect,
+    resolve_hardware,
+    resolve_instances,
+    resolve_model,
+    resolve_price,
+    resolve_rails,
 )
 from pdinfra.cluster.resolve_services import (
     STORE_VARS,
-    _api_key,
-    _check_ranges,
-    _firewalls,
-    _kv_store,
-    _lmcache_ports,
-    _monitoring,
-    _networks,
-    _open_router,
-    _port_range,
+    check_ranges,
+    lmcache_ports,
+    open_router,
+    parse_port_range,
+    resolve_api_key,
+    resolve_firewalls,
+    resolve_kv_store,
+    resolve_monitoring,
+    resolve_networks,
 )
 from pdinfra.cluster.schema import PDINFRA
 from pdinfra.cluster.slo import SLO
@@ -66,8 +64,11 @@ from pdinfra.cluster.slo import SLO
 
 def _ansible_internal(name: str) -> bool:
     return name.startswith(("ansible_", "inventory_", "group_names", "groups", "omit", "playbook_")) or name in (
-        "inventory_hostname", "inventory_hostname_short", "inventory_file", "inventory_dir",
-    )  # fmt: skip
+        "inventory_hostname",
+        "inventory_hostname_short",
+        "inventory_file",
+        "inventory_dir",
+    )
 
 
 def _check_names(ck: Checker, hostvars: dict[str, dict[str, Any]]) -> None:
@@ -90,8 +91,12 @@ def _check_names(ck: Checker, hostvars: dict[str, dict[str, Any]]) -> None:
                     h,
                 )
             elif name in schema.DERIVED_ROLE_VARS:
-                ck.add(name, f"is derived from the cluster model ({schema.DERIVED_ROLE_VARS[name]}); set that instead "
-                       f"(here it is {show(hv[name])})", h)  # fmt: skip
+                ck.add(
+                    name,
+                    f"is derived from the cluster model ({schema.DERIVED_ROLE_VARS[name]}); set that instead "
+                    f"(here it is {show(hv[name])})",
+                    h,
+                )
 
 
 INTERNAL = "pdinfra"  # the variable of a problem that is resolve's own failure, not the inventory's
@@ -138,19 +143,35 @@ def _resolve(
     if ck.problems or (s.model is None and inv.serving):
         return Resolution(None, ck.problems)
     cluster = Cluster(
-        profile=s.profile, connector=s.connector, layout=s.layout, block_size=int(s.block), dtype=s.dtype,
-        max_model_len=int(s.max_model_len), kv_lease_duration=int(s.lease), venv=str(s.venv), model=s.model,
-        slo=s.slo, hosts=tuple(hosts), routers=tuple(router_objs), kv_load_failure_policy=s.kv_policy,
-        service_user=s.service_user, api_key_required=bool(s.api_key), kv_port_range=plan.port_range,
-        firewall=plan.firewall, monitoring=monitoring, kv_store=kv_store,
-        mooncake_ports=str(s.store_values["pdinfra_kv_store_port_range"]), lmcache_buffer_mib=s.lmcache_buffer,
+        profile=s.profile,
+        connector=s.connector,
+        layout=s.layout,
+        block_size=int(s.block),
+        dtype=s.dtype,
+        max_model_len=int(s.max_model_len),
+        kv_lease_duration=int(s.lease),
+        venv=str(s.venv),
+        model=s.model,
+        slo=s.slo,
+        hosts=tuple(hosts),
+        routers=tuple(router_objs),
+        kv_load_failure_policy=s.kv_policy,
+        service_user=s.service_user,
+        api_key_required=bool(s.api_key),
+        kv_port_range=plan.port_range,
+        firewall=plan.firewall,
+        monitoring=monitoring,
+        kv_store=kv_store,
+        mooncake_ports=str(s.store_values["pdinfra_kv_store_port_range"]),
+        lmcache_buffer_mib=s.lmcache_buffer,
         secrets=Secrets(api_key=str(s.api_key), hf_token=s.hf_token),
-    )  # fmt: skip
+    )
     return Resolution(cluster, [])
 
 
-def _groups_pass(ck: Checker, hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]],
-                 scope: str) -> InventoryView | None:  # fmt: skip
+def _groups_pass(
+    ck: Checker, hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], scope: str
+) -> InventoryView | None:
     """The groups resolve needs (pd_cluster, router), then every variable's name and every role variable."""
     cluster_hosts = list(dict.fromkeys(groups.get(CLUSTER_GROUP, [])))
     routers = list(dict.fromkeys(groups.get(ROUTER_GROUP, [])))
@@ -162,8 +183,11 @@ def _groups_pass(ck: Checker, hostvars: dict[str, dict[str, Any]], groups: dict[
         return None
     for r in routers:
         if r not in cluster_hosts:
-            ck.add(ROUTER_GROUP, f"router host {r} is not in group pd_cluster: the router runs from the serving venv "
-                   "that only PD hosts get; add it to pd_cluster")  # fmt: skip
+            ck.add(
+                ROUTER_GROUP,
+                f"router host {r} is not in group pd_cluster: the router runs from the serving venv "
+                "that only PD hosts get; add it to pd_cluster",
+            )
     if not routers and serving:
         ck.add(ROUTER_GROUP, "the inventory has no host in group 'router'")
     _check_names(ck, hostvars)
@@ -179,18 +203,20 @@ def _settings_pass(inv: InventoryView) -> Settings:
     profile = value(PDINFRA["pdinfra_profile"]) or "gpu"
     if any(p.variable == "pdinfra_profile" for p in ck.problems):
         profile = "unknown"  # reported; checks that depend on the profile are skipped rather than guessed
-    connector = value(PDINFRA["pdinfra_connector"]) or "nixl"
+    connector = value(PDINFRA["pdinfra_connector"]) or connectors.DEFAULT
     layout = value(PDINFRA["pdinfra_layout"]) or "pd"
     block = value(PDINFRA["pdinfra_block_size"])
     if block is None:
         block = default_block_size(profile)
-    if connector == "lmcache" and profile == "cpu":
-        ck.add("pdinfra_connector", "lmcache (LMCacheConnectorV1) needs GPU hosts: no LMCache release runs with vLLM's "
-               "CPU build (LMCache RFC #4266); use nixl or mooncake on the cpu profile")  # fmt: skip
+    conn = connectors.CONNECTORS.get(connector)
+    if conn is not None and conn.not_on_cpu and profile == "cpu":
+        ck.add("pdinfra_connector", f"{conn.name} ({conn.vllm_class}) {conn.not_on_cpu}")
     check_block(ck, "pdinfra_block_size", block, profile, None)
     raw_model = value(PDINFRA["pdinfra_model"])
     no_model = (None, "", None, None)
-    model, hf_token, shape, facts = _model(ck, raw_model, profile) if inv.serving or raw_model is not None else no_model
+    model, hf_token, shape, facts = (
+        resolve_model(ck, raw_model, profile) if inv.serving or raw_model is not None else no_model
+    )
     slo_raw = value(PDINFRA["pdinfra_slo"]) or {}
     slo: dict[str, Any] = {}
     if isinstance(slo_raw, dict):
@@ -198,28 +224,44 @@ def _settings_pass(inv: InventoryView) -> Settings:
             slo = SLO.from_dict(slo_raw).to_dict()
         except (TypeError, ValueError) as exc:
             ck.add("pdinfra_slo", str(exc).removeprefix("pdinfra_slo: ").removeprefix("pdinfra_slo."))
-    api_key = _api_key(ck, value(PDINFRA["pdinfra_api_key"]) or "", value(PDINFRA["pdinfra_api_key_file"]) or "")
+    api_key = resolve_api_key(ck, value(PDINFRA["pdinfra_api_key"]) or "", value(PDINFRA["pdinfra_api_key_file"]) or "")
     service_user = str(value(PDINFRA["pdinfra_service_user"]) or "pdinfra")
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", service_user) or service_user == "root":
-        ck.add("pdinfra_service_user", f"{service_user!r} must be an unprivileged system user name (lower case, "
-               "not root)")  # fmt: skip
+        ck.add(
+            "pdinfra_service_user", f"{service_user!r} must be an unprivileged system user name (lower case, not root)"
+        )
     s = Settings(
-        profile=profile, connector=connector, layout=layout, dtype=value(PDINFRA["pdinfra_dtype"]) or "auto",
-        block=block, max_model_len=value(PDINFRA["pdinfra_max_model_len"]),
-        lease=value(PDINFRA["pdinfra_kv_lease_duration"]), venv=value(PDINFRA["pdinfra_venv"]), model=model,
-        hf_token=hf_token, shape=shape, facts=facts, slo=slo, api_key=api_key,
-        max_model_len_set=any(inv.hostvars[h].get("pdinfra_max_model_len") is not None
-                              for h in inv.cluster_hosts or inv.all_hosts),
-        kv_policy=str(value(PDINFRA["pdinfra_kv_load_failure_policy"]) or "fail"), service_user=service_user,
+        profile=profile,
+        connector=connector,
+        layout=layout,
+        dtype=value(PDINFRA["pdinfra_dtype"]) or "auto",
+        block=block,
+        max_model_len=value(PDINFRA["pdinfra_max_model_len"]),
+        lease=value(PDINFRA["pdinfra_kv_lease_duration"]),
+        venv=value(PDINFRA["pdinfra_venv"]),
+        model=model,
+        hf_token=hf_token,
+        shape=shape,
+        facts=facts,
+        slo=slo,
+        api_key=api_key,
+        max_model_len_set=any(
+            inv.hostvars[h].get("pdinfra_max_model_len") is not None for h in inv.cluster_hosts or inv.all_hosts
+        ),
+        kv_policy=str(value(PDINFRA["pdinfra_kv_load_failure_policy"]) or "fail"),
+        service_user=service_user,
         store_on=bool(value(PDINFRA["pdinfra_kv_store"])),
         store_values={n: value(PDINFRA[n]) for n in STORE_VARS},  # checked whether the tier is on or not
         notify_port=int(value(PDINFRA["pdinfra_lmcache_notify_port"])),
         lmcache_buffer=int(value(PDINFRA["pdinfra_lmcache_buffer_mib"])),
-    )  # fmt: skip
-    if s.store_on and (s.mooncake_pd or s.lmcache_pd):
-        ck.add("pdinfra_kv_store", f"the KV reuse tier runs with pdinfra_connector nixl only: MultiConnector"
-               f"[{'MooncakeConnector' if s.mooncake_pd else 'LMCacheConnectorV1'}, MooncakeStoreConnector] has not "
-               "run here (docs/connectors.md)")  # fmt: skip
+    )
+    if s.store_on and s.kv["pd"] and not s.conn.store_composes:
+        composes = " or ".join(c.name for c in connectors.CONNECTORS.values() if c.store_composes)
+        ck.add(
+            "pdinfra_kv_store",
+            f"the KV reuse tier runs with pdinfra_connector {composes} only: MultiConnector"
+            f"[{s.conn.vllm_class}, {connectors.STORE_CLASS}] has not run here (docs/connectors.md)",
+        )
     return s
 
 
@@ -228,32 +270,46 @@ def _port_plan_pass(inv: InventoryView, s: Settings) -> PortPlan:
     that everyone may reach is refused unless declared open."""
     ck, value = inv.ck, inv.cluster_value
     store_range = str(s.store_values["pdinfra_kv_store_port_range"])
-    m_store = _port_range(ck, "pdinfra_kv_store_port_range", store_range, "15000-16999")
+    m_store = parse_port_range(ck, "pdinfra_kv_store_port_range", store_range, "15000-16999")
     port_range = str(value(PDINFRA["pdinfra_kv_port_range"]))
     ephemeral = str(value(PDINFRA["pdinfra_firewall_ephemeral_ports"]))
-    m_range = _port_range(ck, "pdinfra_kv_port_range", port_range, "20000-20999")
-    m_eph = _port_range(ck, "pdinfra_firewall_ephemeral_ports", ephemeral, "32768-60999")
+    m_range = parse_port_range(ck, "pdinfra_kv_port_range", port_range, "20000-20999")
+    m_eph = parse_port_range(ck, "pdinfra_firewall_ephemeral_ports", ephemeral, "32768-60999")
     for rng, var in ((m_range, "pdinfra_kv_port_range"), (m_eph, "pdinfra_firewall_ephemeral_ports")):
-        if (s.store_on or s.mooncake_pd) and m_store and rng and not (m_store[1] < rng[0] or rng[1] < m_store[0]):
+        if (
+            (s.store_on or s.kv["transfer_engine"])
+            and m_store
+            and rng
+            and not (m_store[1] < rng[0] or rng[1] < m_store[0])
+        ):
             ck.add(
                 "pdinfra_kv_store_port_range",
                 f"{store_range} overlaps {var} "
                 f"{port_range if var == 'pdinfra_kv_port_range' else ephemeral}; choose a range apart from it",
             )
     if m_range and m_eph and not (m_range[1] < m_eph[0] or m_eph[1] < m_range[0]):
-        ck.add("pdinfra_kv_port_range", f"{port_range} overlaps pdinfra_firewall_ephemeral_ports {ephemeral}: UCX "
-               "would compete with the kernel's ephemeral ports; choose a range below it")  # fmt: skip
+        ck.add(
+            "pdinfra_kv_port_range",
+            f"{port_range} overlaps pdinfra_firewall_ephemeral_ports {ephemeral}: UCX "
+            "would compete with the kernel's ephemeral ports; choose a range below it",
+        )
     plan = PortPlan(
         firewall=bool(value(PDINFRA["pdinfra_firewall"])),
-        client_networks=_networks(ck, value(PDINFRA["pdinfra_client_networks"]), "pdinfra_client_networks"),
-        admin_networks=_networks(ck, value(PDINFRA["pdinfra_admin_networks"]), "pdinfra_admin_networks",
-                                 empty_ok=True),
+        client_networks=resolve_networks(ck, value(PDINFRA["pdinfra_client_networks"]), "pdinfra_client_networks"),
+        admin_networks=resolve_networks(
+            ck, value(PDINFRA["pdinfra_admin_networks"]), "pdinfra_admin_networks", empty_ok=True
+        ),
         admit_controller=bool(value(PDINFRA["pdinfra_firewall_admit_controller"])),
-        port_range=port_range, ephemeral=ephemeral, kv=m_range, ephemeral_range=m_eph, mooncake=m_store,
-    )  # fmt: skip
+        port_range=port_range,
+        ephemeral=ephemeral,
+        kv=m_range,
+        ephemeral_range=m_eph,
+        mooncake=m_store,
+    )
     if inv.serving and inv.routers:
-        _open_router(ck, s.api_key, plan.client_networks, plan.firewall, bool(value(PDINFRA["pdinfra_router_open"])),
-                     inv.routers)  # fmt: skip
+        open_router(
+            ck, s.api_key, plan.client_networks, plan.firewall, bool(value(PDINFRA["pdinfra_router_open"])), inv.routers
+        )
     return plan
 
 
@@ -269,47 +325,77 @@ def _hosts_pass(inv: InventoryView, s: Settings) -> tuple[list[Host], list[Insta
     for h in inv.all_hosts:
         hv = inv.hostvars[h]
         in_cluster = h in inv.cluster_hosts
-        addr_cidr, addr = _address(ck, hv, h, in_cluster, addresses)
+        addr_cidr, addr = resolve_address(ck, hv, h, in_cluster, addresses)
         for name in ("pdinfra_testhost", "pdinfra_testhost_links"):  # read by pdinfra.testhosts: typed here
             if name in hv:
                 ck.value(PDINFRA[name], hv[name], name, h)
-        hardware, gpu = _hardware(ck, hv, h, s.profile, in_cluster)
+        hardware, gpu = resolve_hardware(ck, hv, h, s.profile, in_cluster)
         hw = profiles.PROFILES[hardware]
-        rails = _rails(ck, hv, h, hw, addr, rail_addrs)
-        expect = _expect(ck, hv, h, hw, gpu, rails, len(inv.cluster_hosts), s.profile)
+        rails = resolve_rails(ck, hv, h, hw, addr, rail_addrs)
+        expect = resolve_expect(ck, hv, h, hw, gpu, rails, len(inv.cluster_hosts), s.profile)
         insts: list[Instance] = []
         if in_cluster:
-            insts = _instances(ck, hv, h, addr, s.profile, s.block, s.dtype, s.model, s.shape,
-                               expect.get("gpu_count"), hardware, s.layout, s.connector, s.facts)  # fmt: skip
+            insts = resolve_instances(
+                ck,
+                hv,
+                h,
+                addr,
+                s.profile,
+                s.block,
+                s.dtype,
+                s.model,
+                s.shape,
+                expect.get("gpu_count"),
+                hardware,
+                s.layout,
+                s.connector,
+                s.facts,
+            )
             for inst in insts:
                 if inst.name in names:
                     other = names[inst.name]
                     ck.add(f"{inst.var}.name", f"{inst.name!r} is also used on {other.host} ({other.var})", h)
                 names[inst.name] = inst
-            _check_ports(ck, hv, h, insts, h in inv.routers, s.notify_port if s.lmcache_pd else 0)
+            check_ports(ck, hv, h, insts, h in inv.routers, s.notify_port if s.kv["config_file"] else 0)
             if insts and s.profile == "gpu":
-                _gpu_host_pins(ck, hv, h, insts, gpu, inv.groups_of.get(h, ()))
-        hosts.append(Host(h, in_cluster, addr, addr_cidr, gpu, hardware, expect, tuple(rails), tuple(insts),
-                          price=_price(ck, hv, h, hw, gpu)))  # fmt: skip
+                gpu_host_pins(ck, hv, h, insts, gpu, inv.groups_of.get(h, ()))
+        hosts.append(
+            Host(
+                h,
+                in_cluster,
+                addr,
+                addr_cidr,
+                gpu,
+                hardware,
+                expect,
+                tuple(rails),
+                tuple(insts),
+                price=resolve_price(ck, hv, h, hw, gpu),
+            )
+        )
         all_instances += insts
     instance_problem = any(p.variable.startswith("pdinfra_instances") for p in ck.problems)
     if inv.serving and not all_instances and not instance_problem:
-        ck.add("pdinfra_instances", "no host of pd_cluster declares an instance; declare prefill and decode instances "
-               "in host_vars (see inventory/examples/)")  # fmt: skip
+        ck.add(
+            "pdinfra_instances",
+            "no host of pd_cluster declares an instance; declare prefill and decode instances "
+            "in host_vars (see inventory/examples/)",
+        )
     if all_instances and s.layout == "pd" and not any(p.variable.startswith("pdinfra_instances[") for p in ck.problems):
         for role in ("prefill", "decode"):
             if not any(i.role == role for i in all_instances):
                 ck.add("pdinfra_instances", f"the cluster has no {role} instance (pdinfra_layout is pd)")
-    _check_consistency(ck, all_instances)
+    check_consistency(ck, all_instances)
     if s.max_model_len is not None:
-        s.max_model_len = _model_limits(ck, s.facts, int(s.max_model_len), s.max_model_len_set, all_instances)
-    if s.lmcache_pd:
-        hosts, all_instances = _lmcache_ports(ck, hosts)
+        s.max_model_len = model_limits(ck, s.facts, int(s.max_model_len), s.max_model_len_set, all_instances)
+    if s.kv["config_file"]:
+        hosts, all_instances = lmcache_ports(ck, hosts)
     return hosts, all_instances
 
 
-def _routers_pass(inv: InventoryView, s: Settings, hosts: list[Host],
-                  all_instances: list[Instance]) -> tuple[list[Host], list[Router]]:  # fmt: skip
+def _routers_pass(
+    inv: InventoryView, s: Settings, hosts: list[Host], all_instances: list[Instance]
+) -> tuple[list[Host], list[Router]]:
     """Each router: its port, URL, metrics port and backends in the connector's protocol; set on its host."""
     router_objs: list[Router] = []
     for r in inv.routers:
@@ -318,65 +404,115 @@ def _routers_pass(inv: InventoryView, s: Settings, hosts: list[Host],
         port = host_value(inv.ck, hv, r, "pdinfra_router_port")
         port = PDINFRA["pdinfra_router_port"].default if port is None else port
         below = host_value(inv.ck, hv, r, "pdinfra_pd_aggregate_below_bytes") or 0
-        if below and s.lmcache_pd:
-            inv.ck.add("pdinfra_pd_aggregate_below_bytes", "conditional disaggregation needs decode instances that "
-                       "compute prompts alone (pdinfra_connector nixl or mooncake), not lmcache", r)  # fmt: skip
+        if below and s.kv["pd"] and not s.conn.two_stage:
+            two_stage = " or ".join(c.name for c in connectors.CONNECTORS.values() if c.two_stage)
+            inv.ck.add(
+                "pdinfra_pd_aggregate_below_bytes",
+                "conditional disaggregation needs decode instances that "
+                f"compute prompts alone (pdinfra_connector {two_stage}), not {s.conn.name}",
+                r,
+            )
             below = 0
         metrics = role_value(hv, "pd_router_prometheus_port")
         backend = role_value(hv, "pd_router_backend_port")
         address = host.address or str(hv.get("ansible_host") or r)
         prefills = [i for i in all_instances if i.role == "prefill"]
-        router_objs.append(Router(
-            host=r, address=address, port=int(port), url=f"http://{address}:{int(port)}",
-            metrics_port=int(metrics) if str(metrics).isdigit() else int(schema.role_var(
-                "pd_router_prometheus_port").default),
-            layout=s.layout, prefill=tuple(i.url for i in prefills),
-            decode=tuple(i.url for i in all_instances if i.role == "decode"), connector=s.connector,
-            prefill_bootstrap_ports=tuple(i.side_channel_port for i in prefills) if s.mooncake_pd else (),
-            lmcache_notify_port=s.notify_port if s.lmcache_pd else 0,
-            aggregate_below_bytes=int(below),
-            backend_port=int(backend) if re.fullmatch(r"[0-9]{1,5}", str(backend)) else int(schema.role_var(
-                "pd_router_backend_port").default),
-        ))  # fmt: skip
-    routed = [Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)})
-              for h in hosts]  # fmt: skip
+        router_objs.append(
+            Router(
+                host=r,
+                address=address,
+                port=int(port),
+                url=f"http://{address}:{int(port)}",
+                metrics_port=int(metrics)
+                if str(metrics).isdigit()
+                else int(schema.role_var("pd_router_prometheus_port").default),
+                layout=s.layout,
+                prefill=tuple(i.url for i in prefills),
+                decode=tuple(i.url for i in all_instances if i.role == "decode"),
+                prefill_bootstrap_ports=tuple(i.side_channel_port for i in prefills) if s.kv["bootstrap"] else (),
+                lmcache_notify_port=s.notify_port if s.kv["config_file"] else 0,
+                aggregate_below_bytes=int(below),
+                backend_port=int(backend)
+                if re.fullmatch(r"[0-9]{1,5}", str(backend))
+                else int(schema.role_var("pd_router_backend_port").default),
+            )
+        )
+    routed = [
+        Host(**{**h.__dict__, "router": next((ro for ro in router_objs if ro.host == h.name), None)}) for h in hosts
+    ]
     return routed, router_objs
 
 
-def _services_pass(inv: InventoryView, s: Settings, plan: PortPlan, hosts: list[Host], router_objs: list[Router],
-                   all_instances: list[Instance]) -> tuple[list[Host], Monitoring | None, KVStore | None]:  # fmt: skip
+def _services_pass(
+    inv: InventoryView,
+    s: Settings,
+    plan: PortPlan,
+    hosts: list[Host],
+    router_objs: list[Router],
+    all_instances: list[Instance],
+) -> tuple[list[Host], Monitoring | None, KVStore | None]:
     """Prometheus, the KV store (who joins it, its ports against the instances'), then each host's firewall."""
     ck = inv.ck
     monitoring = None
     if inv.serving and inv.cluster_value(PDINFRA["pdinfra_monitoring"]) and all_instances:
-        monitoring = _monitoring(ck, hosts, router_objs, inv.cluster_value)
+        monitoring = resolve_monitoring(ck, hosts, router_objs, inv.cluster_value)
     m_store = plan.mooncake
-    if (s.store_on or s.mooncake_pd) and m_store and s.profile == "cpu" and str(
-            s.store_values["pdinfra_kv_store_protocol"] or "tcp") == "rdma":  # fmt: skip
-        ck.add("pdinfra_kv_store_protocol", "rdma on the cpu profile: the hosts have no RDMA rails "
-               "(rdma_roce_nics); use tcp")  # fmt: skip
+    if (
+        (s.store_on or s.kv["transfer_engine"])
+        and m_store
+        and s.profile == "cpu"
+        and str(s.store_values["pdinfra_kv_store_protocol"] or "tcp") == "rdma"
+    ):
+        ck.add(
+            "pdinfra_kv_store_protocol",
+            "rdma on the cpu profile: the hosts have no RDMA rails (rdma_roce_nics); use tcp",
+        )
     kv_store = None
     if inv.serving and s.store_on and all_instances:
-        kv_store = _kv_store(ck, hosts, router_objs, monitoring, s.store_values, s.profile)
+        kv_store = resolve_kv_store(ck, hosts, router_objs, monitoring, s.store_values, s.profile)
     if kv_store is not None:  # who joins: every instance under agg, the chosen roles under PD
         roles = kv_store.roles
-        hosts = [dataclasses.replace(h, instances=tuple(
-            dataclasses.replace(i, kv_store=s.layout != "pd" or i.role in roles) for i in h.instances))
-            for h in hosts]  # fmt: skip
+        hosts = [
+            dataclasses.replace(
+                h,
+                instances=tuple(
+                    dataclasses.replace(i, kv_store=s.layout != "pd" or i.role in roles) for i in h.instances
+                ),
+            )
+            for h in hosts
+        ]
     # the ranges against every fixed port (Mooncake's engines listen in theirs on every instance's host)
     store_range = str(s.store_values["pdinfra_kv_store_port_range"])
-    _check_ranges(ck, hosts, [("pdinfra_kv_port_range", plan.port_range, plan.kv, "UCX's TCP listeners")] + (
-        [("pdinfra_kv_store_port_range", store_range, m_store, "Mooncake's transfer engines")]
-        if s.store_on or s.mooncake_pd else []), monitoring, kv_store)  # fmt: skip
+    check_ranges(
+        ck,
+        hosts,
+        [("pdinfra_kv_port_range", plan.port_range, plan.kv, "UCX's TCP listeners")]
+        + (
+            [("pdinfra_kv_store_port_range", store_range, m_store, "Mooncake's transfer engines")]
+            if s.store_on or s.kv["transfer_engine"]
+            else []
+        ),
+        monitoring,
+        kv_store,
+    )
     if plan.kv and plan.ephemeral_range and plan.firewall:
-        hosts = _firewalls(ck, hosts, [plan.kv, plan.ephemeral_range], plan.client_networks, plan.admin_networks,
-                           monitoring, kv_store, m_store if s.mooncake_pd else None,
-                           admit_controller=plan.admit_controller)  # fmt: skip
+        hosts = resolve_firewalls(
+            ck,
+            hosts,
+            [plan.kv, plan.ephemeral_range],
+            plan.client_networks,
+            plan.admin_networks,
+            monitoring,
+            kv_store,
+            m_store if s.kv["transfer_engine"] else None,
+            admit_controller=plan.admit_controller,
+        )
     return hosts, monitoring, kv_store
 
 
-def resolve_or_raise(hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]],
-                     sources: list[str] | tuple[str, ...] = ()) -> Cluster:  # fmt: skip
+def resolve_or_raise(
+    hostvars: dict[str, dict[str, Any]], groups: dict[str, list[str]], sources: list[str] | tuple[str, ...] = ()
+) -> Cluster:
     res = resolve(hostvars, groups, sources)
     if not res.ok:
         raise ClusterError(res.problems, ", ".join(map(str, sources)) or None)

@@ -21,45 +21,67 @@ from pdinfra.cluster.schema import PDINFRA
 EXPECT_KEYS = tuple(f.name for f in dataclasses.fields(Expect))
 
 
-def _hardware(ck: Checker, hv: dict[str, Any], h: str, profile: str, in_cluster: bool) -> tuple[str, bool]:
+def resolve_hardware(ck: Checker, hv: dict[str, Any], h: str, profile: str, in_cluster: bool) -> tuple[str, bool]:
     """The host's hardware profile (a known one) and whether it runs the GPU host roles."""
     hardware = host_value(ck, hv, h, "pdinfra_hardware")
     if hardware is None:
         hardware = profiles.default_for(profile)
     elif hardware not in profiles.PROFILES:
-        ck.add("pdinfra_hardware", f"unknown hardware profile {hardware!r}; known: {', '.join(profiles.PROFILES)}"
-               f"{suggest(str(hardware), list(profiles.PROFILES))}", h)  # fmt: skip
+        ck.add(
+            "pdinfra_hardware",
+            f"unknown hardware profile {hardware!r}; known: {', '.join(profiles.PROFILES)}"
+            f"{suggest(str(hardware), list(profiles.PROFILES))}",
+            h,
+        )
         hardware = profiles.default_for(profile)
     hw = profiles.PROFILES[hardware]
     if hw.gpu != (profile == "gpu") and in_cluster and profile != "unknown":
-        ck.add("pdinfra_hardware", f"{hardware} is a {'GPU' if hw.gpu else 'CPU'} profile but pdinfra_profile is "
-               f"{profile}", h)  # fmt: skip
+        ck.add(
+            "pdinfra_hardware",
+            f"{hardware} is a {'GPU' if hw.gpu else 'CPU'} profile but pdinfra_profile is {profile}",
+            h,
+        )
     gpu_flag = host_value(ck, hv, h, "pdinfra_gpu")
     gpu = (profile == "gpu") if gpu_flag is None else bool(gpu_flag)
     if gpu_flag is not None and not gpu and hw.gpu and in_cluster:
-        ck.add("pdinfra_gpu", f"false on a host with the GPU hardware profile {hardware}: the nvidia_driver role "
-               "would not install or pin its driver (set pdinfra_hardware for a host without GPUs)", h)  # fmt: skip
+        ck.add(
+            "pdinfra_gpu",
+            f"false on a host with the GPU hardware profile {hardware}: the nvidia_driver role "
+            "would not install or pin its driver (set pdinfra_hardware for a host without GPUs)",
+            h,
+        )
     return hardware, gpu
 
 
-def _gpu_host_pins(ck: Checker, hv: dict[str, Any], h: str, insts: list[Instance], gpu: bool,
-                   groups: tuple[str, ...]) -> None:  # fmt: skip
+def gpu_host_pins(
+    ck: Checker, hv: dict[str, Any], h: str, insts: list[Instance], gpu: bool, groups: tuple[str, ...]
+) -> None:
     """A host that runs GPU instances names its hardware profile and (running the GPU host roles) its driver pin
     itself or through a group: without them it is judged as a GPU server of unknown build and gets the role's default
     driver. Usually a group renamed in hosts.yml, whose group_vars file no longer reaches the host."""
     names = ", ".join(i.name for i in insts)
-    where = (f"it is in group(s) {', '.join(groups)} and none of their group_vars, nor its host_vars, sets it (a group "
-             "renamed in hosts.yml leaves its group_vars file behind)")  # fmt: skip
+    where = (
+        f"it is in group(s) {', '.join(groups)} and none of their group_vars, nor its host_vars, sets it (a group "
+        "renamed in hosts.yml leaves its group_vars file behind)"
+    )
     if hv.get("pdinfra_hardware") in (None, ""):
-        ck.add("pdinfra_hardware", f"is not set, but {h} runs GPU instances ({names}); {where}. Allowed: one of "
-               f"{', '.join(p for p, hw in profiles.PROFILES.items() if hw.gpu)}", h)  # fmt: skip
+        ck.add(
+            "pdinfra_hardware",
+            f"is not set, but {h} runs GPU instances ({names}); {where}. Allowed: one of "
+            f"{', '.join(p for p, hw in profiles.PROFILES.items() if hw.gpu)}",
+            h,
+        )
     if gpu and hv.get("nvidia_driver_version") in (None, ""):
-        ck.add("nvidia_driver_version", f"is not set, but {h} runs GPU instances ({names}) and the nvidia_driver role "
-               f"would install its default {schema.role_var('nvidia_driver_version').default!r} there; {where}. "
-               'Allowed: the driver version the host is to run, such as "580.159.04"', h)  # fmt: skip
+        ck.add(
+            "nvidia_driver_version",
+            f"is not set, but {h} runs GPU instances ({names}) and the nvidia_driver role "
+            f"would install its default {schema.role_var('nvidia_driver_version').default!r} there; {where}. "
+            'Allowed: the driver version the host is to run, such as "580.159.04"',
+            h,
+        )
 
 
-def _price(ck: Checker, hv: dict[str, Any], h: str, hw: profiles.HardwareProfile, gpu: bool) -> Price | None:
+def resolve_price(ck: Checker, hv: dict[str, Any], h: str, hw: profiles.HardwareProfile, gpu: bool) -> Price | None:
     """The host's price: ``pdinfra_price`` (checked), else its hardware profile's indicative list price."""
     raw = host_value(ck, hv, h, "pdinfra_price")
     if raw is None:
@@ -75,8 +97,9 @@ def _price(ck: Checker, hv: dict[str, Any], h: str, hw: profiles.HardwareProfile
     return price
 
 
-def _model(ck: Checker, raw: Any, profile: str) -> tuple[Model | None, str, kvshape.KVShape | None,
-                                                        models.ModelFacts | None]:  # fmt: skip
+def resolve_model(
+    ck: Checker, raw: Any, profile: str
+) -> tuple[Model | None, str, kvshape.KVShape | None, models.ModelFacts | None]:
     """The model, its Hugging Face token, its KV shape and its facts (pdinfra.cluster.models: the catalog's entry for
     its hf_id or shape, or its own config.json for controller_dir; None for a model known to neither)."""
     if raw is None:
@@ -101,8 +124,9 @@ def _model(ck: Checker, raw: Any, profile: str) -> tuple[Model | None, str, kvsh
     if source == "hf" and not m.get("hf_id"):
         ck.add("pdinfra_model.hf_id", "is required for source hf")
     if source == "tiny" and profile != "cpu":
-        ck.add("pdinfra_model.source", "tiny is the CPU test model; on the gpu profile use hf, node_path or "
-               "controller_dir")  # fmt: skip
+        ck.add(
+            "pdinfra_model.source", "tiny is the CPU test model; on the gpu profile use hf, node_path or controller_dir"
+        )
     by_id = models.by_hf_id(str(m["hf_id"])) if m.get("hf_id") else None
     facts = models.CATALOG["tiny"] if source == "tiny" else facts or by_id
     shape_name = m.get("shape") or ("tiny" if source == "tiny" else None)
@@ -119,28 +143,44 @@ def _model(ck: Checker, raw: Any, profile: str) -> tuple[Model | None, str, kvsh
     if shape is not None:
         of_shape = models.by_shape(shape.name)
         if facts is not None and facts.shape is not None and facts.shape != shape.name:
-            ck.add("pdinfra_model.shape", f"{shape.name!r} is the KV shape of {shape.hf_id}, but the model is "
-                   f"{facts.hf_id} (shape {facts.shape}): the KV predictions would describe another model; set "
-                   f"shape: {facts.shape} or leave it out")  # fmt: skip
-        elif facts is not None and facts.shape is None and (
+            ck.add(
+                "pdinfra_model.shape",
+                f"{shape.name!r} is the KV shape of {shape.hf_id}, but the model is "
+                f"{facts.hf_id} (shape {facts.shape}): the KV predictions would describe another model; set "
+                f"shape: {facts.shape} or leave it out",
+            )
+        elif (
+            facts is not None
+            and facts.shape is None
+            and (
                 (facts.num_layers, facts.num_kv_heads, facts.head_dim)
-                != (shape.num_layers, shape.num_kv_heads, shape.head_dim)):  # fmt: skip
-            ck.add("pdinfra_model.shape", f"{shape.name!r} has {shape.num_layers} layers, {shape.num_kv_heads} KV "
-                   f"heads of {shape.head_dim}, but {facts.source.split(',')[0]} says {facts.num_layers} layers, "
-                   f"{facts.num_kv_heads} KV heads of {facts.head_dim}: the KV predictions would describe another "
-                   "model; leave shape out")  # fmt: skip
+                != (shape.num_layers, shape.num_kv_heads, shape.head_dim)
+            )
+        ):
+            ck.add(
+                "pdinfra_model.shape",
+                f"{shape.name!r} has {shape.num_layers} layers, {shape.num_kv_heads} KV "
+                f"heads of {shape.head_dim}, but {facts.source.split(',')[0]} says {facts.num_layers} layers, "
+                f"{facts.num_kv_heads} KV heads of {facts.head_dim}: the KV predictions would describe another "
+                "model; leave shape out",
+            )
         facts = facts or of_shape
     model = Model(
-        name=name, source=str(source), path=str(m.get("path") or f"/opt/pdinfra/models/{name}"),
-        controller_path=str(m.get("controller_path", "")), hf_id=str(m.get("hf_id", "")),
-        load_format=str(m.get("load_format", "auto")), shape=shape.name if shape else None,
+        name=name,
+        source=str(source),
+        path=str(m.get("path") or f"/opt/pdinfra/models/{name}"),
+        controller_path=str(m.get("controller_path", "")),
+        hf_id=str(m.get("hf_id", "")),
+        load_format=str(m.get("load_format", "auto")),
+        shape=shape.name if shape else None,
         catalog=None if facts is None else (facts.source.split(",")[0] if facts.shape is None else facts.name),
-    )  # fmt: skip
+    )
     return model, str(m.get("hf_token", "") or ""), shape, facts
 
 
-def _model_limits(ck: Checker, facts: models.ModelFacts | None, max_model_len: int, explicit: bool,
-                  instances: list[Instance]) -> int:  # fmt: skip
+def model_limits(
+    ck: Checker, facts: models.ModelFacts | None, max_model_len: int, explicit: bool, instances: list[Instance]
+) -> int:
     """``pdinfra_max_model_len`` within the model's context (the default shortened to it, a value set above it
     refused), and the chat template the smoke and most clients need. Returns the length to serve."""
     if facts is None:
@@ -148,19 +188,26 @@ def _model_limits(ck: Checker, facts: models.ModelFacts | None, max_model_len: i
     if max_model_len > facts.context_length:
         if not explicit:
             return facts.context_length
-        ck.add("pdinfra_max_model_len", f"{max_model_len} is longer than {facts.hf_id}'s context of "
-               f"{facts.context_length} tokens (max_position_embeddings of its config.json): vLLM refuses to start; "
-               f"allowed: 16..{facts.context_length}")  # fmt: skip
+        ck.add(
+            "pdinfra_max_model_len",
+            f"{max_model_len} is longer than {facts.hf_id}'s context of "
+            f"{facts.context_length} tokens (max_position_embeddings of its config.json): vLLM refuses to start; "
+            f"allowed: 16..{facts.context_length}",
+        )
     if not facts.chat_template and not any(
-            str(a).split("=", 1)[0] == "--chat-template" for i in instances for a in i.extra_args):  # fmt: skip
-        ck.add("pdinfra_model", f"{facts.hf_id} has no chat template (no chat_template in its tokenizer_config.json, "
-               "no chat_template.jinja): /v1/chat/completions, which pdinfra smoke and most clients use, answers 400. "
-               "Serve a chat (instruct) model, or give every instance one with extra_args "
-               "[--chat-template, PATH]")  # fmt: skip
+        str(a).split("=", 1)[0] == "--chat-template" for i in instances for a in i.extra_args
+    ):
+        ck.add(
+            "pdinfra_model",
+            f"{facts.hf_id} has no chat template (no chat_template in its tokenizer_config.json, "
+            "no chat_template.jinja): /v1/chat/completions, which pdinfra smoke and most clients use, answers 400. "
+            "Serve a chat (instruct) model, or give every instance one with extra_args "
+            "[--chat-template, PATH]",
+        )
     return max_model_len
 
 
-def _address(
+def resolve_address(
     ck: Checker, hv: dict[str, Any], host: str, in_cluster: bool, seen: dict[str, str]
 ) -> tuple[str | None, str | None]:
     raw = hv.get("pdinfra_address")
@@ -174,8 +221,9 @@ def _address(
     iface = ipaddress.ip_interface(str(v))
     ip = str(iface.ip)
     if iface.version != 4:
-        ck.add("pdinfra_address", f"{v} is IPv6: pdinfra serves and advertises NIXL side channels on IPv4 addresses",
-               host)  # fmt: skip
+        ck.add(
+            "pdinfra_address", f"{v} is IPv6: pdinfra serves and advertises NIXL side channels on IPv4 addresses", host
+        )
         return None, None
     if iface.ip.is_loopback:
         ck.add("pdinfra_address", f"{v} is a loopback address: NIXL peers cannot reach it", host)
@@ -183,16 +231,16 @@ def _address(
         ck.add("pdinfra_address", f"{v} is the unspecified address: give the node's own address", host)
     elif iface.network.prefixlen < 31 and iface.ip in (iface.network.network_address, iface.network.broadcast_address):
         which = "network" if iface.ip == iface.network.network_address else "broadcast"
-        ck.add("pdinfra_address", f"{v} is the {which} address of {iface.network}: give the node's own address",
-               host)  # fmt: skip
+        ck.add("pdinfra_address", f"{v} is the {which} address of {iface.network}: give the node's own address", host)
     if ip in seen:
         ck.add("pdinfra_address", f"{ip} is also the address of {seen[ip]}", host)
     seen[ip] = host
     return str(v), ip
 
 
-def _rails(ck: Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProfile, addr: str | None,
-           seen: dict[str, str]) -> list[Rail]:  # fmt: skip
+def resolve_rails(
+    ck: Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProfile, addr: str | None, seen: dict[str, str]
+) -> list[Rail]:
     nics = hv.get("rdma_roce_nics") or []
     if not isinstance(nics, list):
         return []  # the argument spec reported it
@@ -225,17 +273,27 @@ def _rails(ck: Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProf
         if gateway not in (None, ""):
             try:
                 if ipaddress.ip_address(str(gateway)) not in iface.network:
-                    ck.add(f"{where}.gateway", f"{gateway} is outside the rail's subnet {iface.network}: the rail's "
-                           "table could not reach it", host)  # fmt: skip
+                    ck.add(
+                        f"{where}.gateway",
+                        f"{gateway} is outside the rail's subnet {iface.network}: the rail's table could not reach it",
+                        host,
+                    )
             except ValueError:
                 ck.add(f"{where}.gateway", f"{gateway!r} is not an IPv4 address", host)
         table = str(nic.get("table", ""))
         if table.isdigit() and not (1 <= int(table) <= 3000) or table in ("253", "254", "255"):
-            ck.add(f"{where}.table", f"table {table} must be in 1..3000 and not 253-255 (the kernel's default, main "
-                   "and local tables)", host)  # fmt: skip
+            ck.add(
+                f"{where}.table",
+                f"table {table} must be in 1..3000 and not 253-255 (the kernel's default, main and local tables)",
+                host,
+            )
         if table and table in tables:
-            ck.add(f"{where}.table", f"table {table} is also {tables[table]}'s: each rail needs its own "
-                   "policy-routing table (its source rule would send both rails' traffic one way)", host)  # fmt: skip
+            ck.add(
+                f"{where}.table",
+                f"table {table} is also {tables[table]}'s: each rail needs its own "
+                "policy-routing table (its source rule would send both rails' traffic one way)",
+                host,
+            )
         tables.setdefault(table, netdev)
         if ip == addr:
             ck.add(f"{where}.address", f"{ip} is also this host's pdinfra_address: rails need their own subnets", host)
@@ -244,17 +302,32 @@ def _rails(ck: Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProf
         seen[ip] = host
         rails.append(Rail(netdev, str(nic.get("rdma_dev", "")), address, mtu, hw.rail_speed_mbps))
     if hw.rail_count and 0 < len(nics) != hw.rail_count:
-        ck.add("rdma_roce_nics", f"{len(nics)} rails declared, but a {hw.name} host has {hw.rail_count} (one per GPU): "
-               "the rails left out would carry no address and no check would look at them; allowed: "
-               f"{hw.rail_count} rails, or none", host)  # fmt: skip
+        ck.add(
+            "rdma_roce_nics",
+            f"{len(nics)} rails declared, but a {hw.name} host has {hw.rail_count} (one per GPU): "
+            "the rails left out would carry no address and no check would look at them; allowed: "
+            f"{hw.rail_count} rails, or none",
+            host,
+        )
     return rails
 
 
-def _instances(
-    ck: Checker, hv: dict[str, Any], host: str, addr: str | None, profile: str, block: int, dtype: str,
-    model: Model | None, shape: kvshape.KVShape | None, gpu_count: int | None, hardware: str, layout: str,
-    connector: str, facts: models.ModelFacts | None = None,
-) -> list[Instance]:  # fmt: skip
+def resolve_instances(
+    ck: Checker,
+    hv: dict[str, Any],
+    host: str,
+    addr: str | None,
+    profile: str,
+    block: int,
+    dtype: str,
+    model: Model | None,
+    shape: kvshape.KVShape | None,
+    gpu_count: int | None,
+    hardware: str,
+    layout: str,
+    connector: str,
+    facts: models.ModelFacts | None = None,
+) -> list[Instance]:
     raw = hv.get("pdinfra_instances", [])
     if raw is None:
         raw = []
@@ -273,8 +346,12 @@ def _instances(
         for arg in v.get("extra_args", []) or []:
             flag = str(arg).split("=", 1)[0]
             if flag in schema.MANAGED_VLLM_FLAGS:
-                ck.add(f"{var}.extra_args", f"{flag} is set by pdinfra from {schema.MANAGED_VLLM_FLAGS[flag]}: set "
-                       "that instead (the unit, the router and the checks all follow it)", host)  # fmt: skip
+                ck.add(
+                    f"{var}.extra_args",
+                    f"{flag} is set by pdinfra from {schema.MANAGED_VLLM_FLAGS[flag]}: set "
+                    "that instead (the unit, the router and the checks all follow it)",
+                    host,
+                )
         tp = int(v.get("tensor_parallel_size", 1))
         iblock = int(v.get("block_size", block))
         if "block_size" in v:
@@ -309,7 +386,7 @@ def _instances(
                 unit=f"pdinfra-vllm-{v['name']}.service",
                 cpu_affinity=str(v.get("cpu_affinity", "")),
                 extra_args=tuple(str(a) for a in v.get("extra_args", [])),
-            )  # fmt: skip
+            )
         )
     # GPUs shared between instances of one host
     taken: dict[int, str] = {}
@@ -321,8 +398,9 @@ def _instances(
     return out
 
 
-def _instance_gpus(ck: Checker, raw_gpus: Any, var: str, host: str, profile: str, tp: int, gpu_count: int | None,
-                   hardware: str) -> tuple[int, ...]:  # fmt: skip
+def _instance_gpus(
+    ck: Checker, raw_gpus: Any, var: str, host: str, profile: str, tp: int, gpu_count: int | None, hardware: str
+) -> tuple[int, ...]:
     """An instance's GPU indexes: 0-based integers, each once, one per TP rank and on the host (gpu profile)."""
     gpus: tuple[int, ...] = ()
     if raw_gpus is not None and isinstance(raw_gpus, list):
@@ -335,18 +413,26 @@ def _instance_gpus(ck: Checker, raw_gpus: Any, var: str, host: str, profile: str
                 ck.add(f"{var}.gpus", f"lists a GPU twice: {list(gpus)}", host)
     if profile == "gpu":
         if raw_gpus is None or (isinstance(raw_gpus, list) and not raw_gpus):
-            ck.add(f"{var}.gpus", f"is required on the gpu profile: {tp} GPU index(es), 0-based "
-                   "(CUDA_VISIBLE_DEVICES)", host)  # fmt: skip
+            ck.add(
+                f"{var}.gpus",
+                f"is required on the gpu profile: {tp} GPU index(es), 0-based (CUDA_VISIBLE_DEVICES)",
+                host,
+            )
         elif gpus and len(gpus) != tp:
             ck.add(f"{var}.gpus", f"{len(gpus)} GPUs listed but tensor_parallel_size is {tp}", host)
         if gpu_count is not None and gpus and max(gpus) >= gpu_count:
-            ck.add(f"{var}.gpus", f"GPU {max(gpus)} does not exist on a {hardware} host with {gpu_count} GPUs "
-                   f"(GPUs 0..{gpu_count - 1}; indexes are 0-based)", host)  # fmt: skip
+            ck.add(
+                f"{var}.gpus",
+                f"GPU {max(gpus)} does not exist on a {hardware} host with {gpu_count} GPUs "
+                f"(GPUs 0..{gpu_count - 1}; indexes are 0-based)",
+                host,
+            )
     return gpus
 
 
-def _check_ports(ck: Checker, hv: dict[str, Any], host: str, instances: list[Instance], is_router: bool,
-                 notify_port: int = 0) -> None:  # fmt: skip
+def check_ports(
+    ck: Checker, hv: dict[str, Any], host: str, instances: list[Instance], is_router: bool, notify_port: int = 0
+) -> None:
     used: dict[int, str] = {}
 
     def claim(port: int, what: str, variable: str) -> None:
@@ -366,8 +452,11 @@ def _check_ports(ck: Checker, hv: dict[str, Any], host: str, instances: list[Ins
         if str(bp).isdigit():
             claim(int(bp), "pd_router_backend_port (vllm-router behind the gateway)", "pd_router_backend_port")
         if notify_port:
-            claim(notify_port, "pdinfra_lmcache_notify_port (the LMCache proxy's notifications)",
-                  "pdinfra_lmcache_notify_port")
+            claim(
+                notify_port,
+                "pdinfra_lmcache_notify_port (the LMCache proxy's notifications)",
+                "pdinfra_lmcache_notify_port",
+            )
     for inst in instances:
         claim(inst.port, f"{inst.var}.port ({inst.name} HTTP)", f"{inst.var}.port")
         # vLLM uses base + dp_rank (older builds base + tp_rank): keep a range per instance.
@@ -377,11 +466,14 @@ def _check_ports(ck: Checker, hv: dict[str, Any], host: str, instances: list[Ins
                     f"{inst.var}.side_channel_port", f"{inst.side_channel_port} + {inst.tp} ranks exceeds 65535", host
                 )
                 break
-            claim(inst.side_channel_port + k, f"{inst.var}.side_channel_port ({inst.name} NIXL side channel)",
-                  f"{inst.var}.side_channel_port")  # fmt: skip
+            claim(
+                inst.side_channel_port + k,
+                f"{inst.var}.side_channel_port ({inst.name} NIXL side channel)",
+                f"{inst.var}.side_channel_port",
+            )
 
 
-def _check_consistency(ck: Checker, instances: list[Instance]) -> None:
+def check_consistency(ck: Checker, instances: list[Instance]) -> None:
     if not instances:
         return
     ref = instances[0]
@@ -394,15 +486,25 @@ def _check_consistency(ck: Checker, instances: list[Instance]) -> None:
         ):
             a, b = getattr(ref, attr), getattr(inst, attr)
             if a != b:
-                ck.add(f"{inst.var}.{var}", f"{inst.name} ({inst.role}) has {b!r} but {ref.name} ({ref.role}) on "
-                       f"{ref.host} has {a!r}; prefill and decode must serve the same model with the same block size "
-                       "and dtype (NIXL's handshake rejects mismatches)", inst.host)  # fmt: skip
+                ck.add(
+                    f"{inst.var}.{var}",
+                    f"{inst.name} ({inst.role}) has {b!r} but {ref.name} ({ref.role}) on "
+                    f"{ref.host} has {a!r}; prefill and decode must serve the same model with the same block size "
+                    "and dtype (NIXL's handshake rejects mismatches)",
+                    inst.host,
+                )
 
 
-def _expect(
-    ck: Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProfile, gpu: bool, rails: list[Rail],
-    pd_hosts: int, profile: str,
-) -> dict[str, Any]:  # fmt: skip
+def resolve_expect(
+    ck: Checker,
+    hv: dict[str, Any],
+    host: str,
+    hw: profiles.HardwareProfile,
+    gpu: bool,
+    rails: list[Rail],
+    pd_hosts: int,
+    profile: str,
+) -> dict[str, Any]:
     """The host expectations the validator judges: hardware profile, driver pin, rails, then pdinfra_expect."""
     expect: dict[str, Any] = dict(hw.expect)
     expect["role"] = "gpu" if gpu and hw.gpu else "cpu"
@@ -432,8 +534,11 @@ def _expect(
             fields_ = {f.name: f for f in schema.EXPECT_FIELDS}
             for k, v in override.items():
                 if k not in EXPECT_KEYS:
-                    ck.add(f"pdinfra_expect.{k}", f"unknown expectation; known: {', '.join(EXPECT_KEYS)}"
-                           f"{suggest(str(k), list(EXPECT_KEYS))}", host)  # fmt: skip
+                    ck.add(
+                        f"pdinfra_expect.{k}",
+                        f"unknown expectation; known: {', '.join(EXPECT_KEYS)}{suggest(str(k), list(EXPECT_KEYS))}",
+                        host,
+                    )
                     continue
                 # the schema's strict types: the validator reads expect.json as written, so "8" is not 8
                 typed = ck.value(fields_[k], v, f"pdinfra_expect.{k}", host) if v is not None else None

@@ -33,7 +33,7 @@ def duration_s(text: str) -> float | None:
     return sum(int(n) * schema.DURATION_UNITS[u] for n, u in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", text))
 
 
-def _unit_problem(name: str, raw: Any) -> str | None:
+def unit_problem(name: str, raw: Any) -> str | None:
     """A value written in the wrong unit, said as such (Ansible's own message would be a failed conversion)."""
     rule = schema.ROLE_RULES.get(name)
     if rule is None or isinstance(raw, (bool, list, dict)) or raw is None:
@@ -41,11 +41,15 @@ def _unit_problem(name: str, raw: Any) -> str | None:
     if rule.unit == "duration":
         if isinstance(raw, (int, float)) or re.fullmatch(r"\s*[0-9]+(\.[0-9]+)?\s*", str(raw)):
             number = str(raw).strip()
-            return (f"must be {schema.UNITS['duration']}, not {show(raw)}: Prometheus reads a bare number as no "
-                    f"duration at all (did you mean {number}s?)")  # fmt: skip
+            return (
+                f"must be {schema.UNITS['duration']}, not {show(raw)}: Prometheus reads a bare number as no "
+                f"duration at all (did you mean {number}s?)"
+            )
         if duration_s(str(raw)) is None:
-            return (f"must be {schema.UNITS['duration']}: digits and units ms, s, m, h, d, w, y such as 90s or 1h30m, "
-                    f"not {show(raw)}")  # fmt: skip
+            return (
+                f"must be {schema.UNITS['duration']}: digits and units ms, s, m, h, d, w, y such as 90s or 1h30m, "
+                f"not {show(raw)}"
+            )
         return None
     if rule.unit == "fraction" and isinstance(raw, str):
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*", raw)
@@ -64,12 +68,12 @@ def _number(x: float | None) -> str:
 
 
 def _range(rule: schema.Rule) -> str:
-    """"in 1..86400 seconds"; the unit only where it is not plain from the number (a time, a size)."""
+    """ "in 1..86400 seconds"; the unit only where it is not plain from the number (a time, a size)."""
     what = f" {schema.UNITS[rule.unit]}" if rule.unit in ("s", "ms", "us", "GiB", "MiB") else ""
     return f"in {_number(rule.min)}..{_number(rule.max)}{what}"
 
 
-def _rule_problem(name: str, value: Any, raw: Any) -> str | None:
+def rule_problem(name: str, value: Any, raw: Any) -> str | None:
     """The value (as the argument spec converted it) against its rule's range and format."""
     rule = schema.ROLE_RULES.get(name)
     if rule is None:
@@ -103,7 +107,7 @@ def check_role_vars(ck: Checker, hostvars: dict[str, dict[str, Any]]) -> None:
             if not params:
                 continue
             for k in list(params):
-                why = _unit_problem(k, params[k])
+                why = unit_problem(k, params[k])
                 if why is not None:
                     ck.add(k, why, h)
                     params.pop(k)
@@ -113,14 +117,18 @@ def check_role_vars(ck: Checker, hostvars: dict[str, dict[str, Any]]) -> None:
                 # meant, or true/false where a number is, is a mistake it would turn into a string or a 1.
                 want, got = rs.variables[k].type, params[k]
                 if want in ("str", "path") and isinstance(got, (list, dict)):
-                    ck.add(k, f"must be a {'path' if want == 'path' else 'string'}, not a "
-                           f"{'list' if isinstance(got, list) else 'mapping'} ({show(got)})", h)  # fmt: skip
+                    ck.add(
+                        k,
+                        f"must be a {'path' if want == 'path' else 'string'}, not a "
+                        f"{'list' if isinstance(got, list) else 'mapping'} ({show(got)})",
+                        h,
+                    )
                 elif want in ("int", "float") and isinstance(got, bool):
                     ck.add(k, f"must be a number, not {show(got)}", h)
                 elif want == "path" and isinstance(got, (str, int)) and not str(got).startswith(("/", "{{")):
                     ck.add(k, f"must be an absolute path on the node, not {show(got)}", h)
             for k, v in validated.items():
-                why = _rule_problem(k, v, params[k])
+                why = rule_problem(k, v, params[k])
                 if why is not None:
                     ck.add(k, why, h)
         _pairs(ck, hv, h)
@@ -129,8 +137,9 @@ def check_role_vars(ck: Checker, hostvars: dict[str, dict[str, Any]]) -> None:
                 _environment(ck, h, name, hv[name])
 
 
-def _argument_spec(ck: Checker, validator: Any, role: str, rs: schema.RoleSchema, params: dict[str, Any],
-                   h: str) -> dict[str, Any]:  # fmt: skip
+def _argument_spec(
+    ck: Checker, validator: Any, role: str, rs: schema.RoleSchema, params: dict[str, Any], h: str
+) -> dict[str, Any]:
     """Ansible's validation of the role's argument spec; the values as it converted them."""
     if validator is None or not params:
         return params
@@ -144,8 +153,12 @@ def _argument_spec(ck: Checker, validator: Any, role: str, rs: schema.RoleSchema
             try:
                 one = validator({k: spec[k]}).validate({k: params[k]})
             except Exception as exc:
-                ck.add(k, f"cannot be checked against roles/{role}/meta/argument_specs.yml "
-                       f"({type(exc).__name__}: {exc}); not {show(params[k])}", h)  # fmt: skip
+                ck.add(
+                    k,
+                    f"cannot be checked against roles/{role}/meta/argument_specs.yml "
+                    f"({type(exc).__name__}: {exc}); not {show(params[k])}",
+                    h,
+                )
                 continue
             for msg in one.error_messages:
                 ck.add(k, f"{msg} (roles/{role}/meta/argument_specs.yml)", h)
@@ -164,8 +177,12 @@ def _pairs(ck: Checker, hv: dict[str, Any], h: str) -> None:
         dscp = hv.get("rdma_roce_dscp", schema.role_var("rdma_roce_dscp").default)
         try:
             if int(tos) // 4 != int(dscp):
-                ck.add("rdma_roce_tos", f"{tos}: its DSCP bits (tos >> 2 = {int(tos) // 4}) differ from "
-                       f"rdma_roce_dscp={dscp}; set tos = dscp * 4 (+ ECN bits)", h)  # fmt: skip
+                ck.add(
+                    "rdma_roce_tos",
+                    f"{tos}: its DSCP bits (tos >> 2 = {int(tos) // 4}) differ from "
+                    f"rdma_roce_dscp={dscp}; set tos = dscp * 4 (+ ECN bits)",
+                    h,
+                )
         except (TypeError, ValueError):
             pass
     branch, version = hv.get("nvidia_driver_branch"), hv.get("nvidia_driver_version")
@@ -188,12 +205,19 @@ def _buckets(ck: Checker, h: str, name: str, buckets: list[Any]) -> None:
         if isinstance(b, bool) or not isinstance(b, (int, float)):
             return  # the argument spec reported it
         if isinstance(b, int):
-            ck.add(f"{name}[{i}]", f"{b} must be written as {float(b)}: the rule selects le=\"{b}\" and vLLM's "
-                   f"histogram exports le=\"{float(b)}\", so the SLO attainment would be empty", h)  # fmt: skip
+            ck.add(
+                f"{name}[{i}]",
+                f'{b} must be written as {float(b)}: the rule selects le="{b}" and vLLM\'s '
+                f'histogram exports le="{float(b)}", so the SLO attainment would be empty',
+                h,
+            )
             return
         if b <= last:
-            ck.add(f"{name}[{i}]", f"{b} must be above {last:g}: the bounds are seconds in ascending order, as vLLM's "
-                   "histogram has them", h)  # fmt: skip
+            ck.add(
+                f"{name}[{i}]",
+                f"{b} must be above {last:g}: the bounds are seconds in ascending order, as vLLM's histogram has them",
+                h,
+            )
             return
         last = b
 
@@ -204,18 +228,31 @@ def _environment(ck: Checker, h: str, name: str, env: dict[Any, Any]) -> None:
     for key, value in env.items():
         where = f"{name}.{key}"
         if not isinstance(key, str) or not re.fullmatch(schema.ENV_NAME, key):
-            ck.add(where, f"{show(key)} is not an environment variable name (letters, digits and _, not starting "
-                   "with a digit)", h)  # fmt: skip
+            ck.add(
+                where,
+                f"{show(key)} is not an environment variable name (letters, digits and _, not starting with a digit)",
+                h,
+            )
         elif key in schema.MANAGED_ENV:
-            ck.add(where, f"{key} is written by pdinfra from {schema.MANAGED_ENV[key]}: set that instead (a second "
-                   "value in the unit's environment would be the one that counts, unseen by the model)", h)  # fmt: skip
+            ck.add(
+                where,
+                f"{key} is written by pdinfra from {schema.MANAGED_ENV[key]}: set that instead (a second "
+                "value in the unit's environment would be the one that counts, unseen by the model)",
+                h,
+            )
         elif isinstance(value, (list, dict)) or (isinstance(value, str) and "\n" in value):
             ck.add(where, f"must be one line of text or a number, not {show(value)}", h)
 
 
 # ----------------------------------------------------------------------------------------- against the cluster
-def check_against_cluster(inv: InventoryView, s: Settings, hosts: list[Host], routers: list[Router],
-                          monitoring: Monitoring | None, kv_store: KVStore | None) -> None:  # fmt: skip
+def check_against_cluster(
+    inv: InventoryView,
+    s: Settings,
+    hosts: list[Host],
+    routers: list[Router],
+    monitoring: Monitoring | None,
+    kv_store: KVStore | None,
+) -> None:
     """The role variables that depend on the cluster: alert timings, transports and devices, unprivileged ports."""
     ck = inv.ck
     for h in hosts:
@@ -236,10 +273,14 @@ def _alert_timing(ck: Checker, hv: dict[str, Any], host: str, monitoring: Monito
     secs = duration_s(str(window)) if isinstance(window, str) else None
     need = 2 * monitoring.scrape_interval_s
     if secs is not None and secs < need:
-        ck.add("pd_monitoring_window", f"{window} holds fewer than two scrapes at pdinfra_scrape_interval_s "
-               f"{monitoring.scrape_interval_s}: rate() over it is empty, so the recording rules and the alerts "
-               f"built on them never fire; allowed: {need}s or more (4 scrapes, {4 * monitoring.scrape_interval_s}s, "
-               "is Prometheus's advice)", host)  # fmt: skip
+        ck.add(
+            "pd_monitoring_window",
+            f"{window} holds fewer than two scrapes at pdinfra_scrape_interval_s "
+            f"{monitoring.scrape_interval_s}: rate() over it is empty, so the recording rules and the alerts "
+            f"built on them never fire; allowed: {need}s or more (4 scrapes, {4 * monitoring.scrape_interval_s}s, "
+            "is Prometheus's advice)",
+            host,
+        )
 
 
 def _probe_interval(ck: Checker, hv: dict[str, Any], host: str) -> None:
@@ -248,9 +289,13 @@ def _probe_interval(ck: Checker, hv: dict[str, Any], host: str) -> None:
     if probe in (False, "false", "no") or interval is None or not re.fullmatch(r"[0-9]+", str(interval)):
         return
     if int(interval) >= PROBE_STALE_S:
-        ck.add("pd_router_probe_interval_s", f"{interval} s is as long as or longer than the {PROBE_STALE_S} s after "
-               "which the alert PdinfraDeepHealthStale fires (roles/pd_monitoring/templates/pdinfra-rules.yml.j2): it "
-               f"would fire between every two probes; allowed: 5..{PROBE_STALE_S - 1}", host)  # fmt: skip
+        ck.add(
+            "pd_router_probe_interval_s",
+            f"{interval} s is as long as or longer than the {PROBE_STALE_S} s after "
+            "which the alert PdinfraDeepHealthStale fires (roles/pd_monitoring/templates/pdinfra-rules.yml.j2): it "
+            f"would fire between every two probes; allowed: 5..{PROBE_STALE_S - 1}",
+            host,
+        )
 
 
 def _transports(ck: Checker, hv: dict[str, Any], h: Host, s: Settings, kv_store: KVStore | None) -> None:
@@ -259,22 +304,35 @@ def _transports(ck: Checker, hv: dict[str, Any], h: Host, s: Settings, kv_store:
     devs = [r.rdma_dev for r in h.rails]
     names = ", ".join(i.name for i in h.instances)
     no_rails = f"{h.name} declares no RDMA rails (rdma_roce_nics) for its instances {names}"
-    if kv_store is not None and kv_store.protocol == "rdma" and not h.rails and s.profile != "cpu" and any(
-            i.kv_store for i in h.instances):  # fmt: skip  (the cpu profile has its own message)
+    if (
+        kv_store is not None
+        and kv_store.protocol == "rdma"
+        and not h.rails
+        and s.profile != "cpu"
+        and any(i.kv_store for i in h.instances)
+    ):  # (the cpu profile has its own message)
         ck.add("pdinfra_kv_store_protocol", f"rdma, but {no_rails}; allowed: tcp, or declare the rails", h.name)
-    if s.mooncake_pd:
+    if s.kv["transfer_engine"]:
         proto = hv.get("vllm_instance_mooncake_protocol", "tcp" if s.profile == "cpu" else "rdma")
         if proto == "rdma" and not h.rails:
             set_by = "" if "vllm_instance_mooncake_protocol" in hv else f" (the default on the {s.profile} profile)"
-            ck.add("vllm_instance_mooncake_protocol", f"rdma{set_by}, but {no_rails}: the Mooncake connector could not "
-                   "move KV; allowed: tcp, or declare the rails", h.name)  # fmt: skip
+            ck.add(
+                "vllm_instance_mooncake_protocol",
+                f"rdma{set_by}, but {no_rails}: the {s.conn.title} connector could not "
+                "move KV; allowed: tcp, or declare the rails",
+                h.name,
+            )
     for name in ("vllm_instance_kv_store_device_name", "vllm_instance_mooncake_device_name"):
         value = hv.get(name)
         if isinstance(value, str) and value:
             unknown = [d for d in value.split(",") if d not in devs]
             if unknown:
-                ck.add(name, f"{value!r} names {', '.join(unknown)}, not a rail of this host (rdma_roce_nics: "
-                       f"{', '.join(devs) or 'none'})", h.name)  # fmt: skip
+                ck.add(
+                    name,
+                    f"{value!r} names {', '.join(unknown)}, not a rail of this host (rdma_roce_nics: "
+                    f"{', '.join(devs) or 'none'})",
+                    h.name,
+                )
     _ucx(ck, hv, h, devs)
 
 
@@ -284,14 +342,25 @@ def _ucx(ck: Checker, hv: dict[str, Any], h: Host, devs: list[str]) -> None:
     if kind == "auto":
         kind = "gpu_rdma" if gpu and h.rails else "gpu" if gpu else "cpu"
     elif kind in ("gpu_rdma", "gpu") and not gpu:
-        ck.add("ucx_host_kind", f"{kind}, but {h.name} runs no GPU host roles (pdinfra_gpu false or the cpu "
-               "profile): UCX would look for CUDA transports it does not have; allowed: auto, cpu", h.name)  # fmt: skip
+        ck.add(
+            "ucx_host_kind",
+            f"{kind}, but {h.name} runs no GPU host roles (pdinfra_gpu false or the cpu "
+            "profile): UCX would look for CUDA transports it does not have; allowed: auto, cpu",
+            h.name,
+        )
     elif kind == "gpu_rdma" and not h.rails:
-        ck.add("ucx_host_kind", f"gpu_rdma, but {h.name} declares no RDMA rails (rdma_roce_nics); allowed: auto, "
-               "gpu", h.name)  # fmt: skip
+        ck.add(
+            "ucx_host_kind",
+            f"gpu_rdma, but {h.name} declares no RDMA rails (rdma_roce_nics); allowed: auto, gpu",
+            h.name,
+        )
     elif kind == "cpu" and gpu:
-        ck.add("ucx_host_kind", "cpu on a GPU host: UCX would offer no CUDA transport for the instances' KV in GPU "
-               "memory; allowed: auto, gpu, gpu_rdma", h.name)  # fmt: skip
+        ck.add(
+            "ucx_host_kind",
+            "cpu on a GPU host: UCX would offer no CUDA transport for the instances' KV in GPU "
+            "memory; allowed: auto, gpu, gpu_rdma",
+            h.name,
+        )
     if kind not in ("gpu_rdma", "gpu", "cpu"):
         return
     var = f"ucx_tls_{kind}"
@@ -299,12 +368,20 @@ def _ucx(ck: Checker, hv: dict[str, Any], h: Host, devs: list[str]) -> None:
     if isinstance(tls, str) and re.fullmatch(schema.ROLE_RULES[var].pattern or ".*", tls):
         names = tls.split(",")
         if "tcp" not in names:
-            ck.add(var, f"{tls!r} lacks tcp: NIXL's UCX wire-up needs it (without it: \"no active messages "
-                   "transport\"); allowed: the list with tcp in it", h.name)  # fmt: skip
+            ck.add(
+                var,
+                f"{tls!r} lacks tcp: NIXL's UCX wire-up needs it (without it: \"no active messages "
+                'transport"); allowed: the list with tcp in it',
+                h.name,
+            )
         rdma = [t for t in names if RDMA_TLS.match(t)]
         if rdma and not h.rails:
-            ck.add(var, f"{tls!r} names {', '.join(rdma)}, but {h.name} declares no RDMA rails (rdma_roce_nics); "
-                   "allowed: transports without rc, dc, ud", h.name)  # fmt: skip
+            ck.add(
+                var,
+                f"{tls!r} names {', '.join(rdma)}, but {h.name} declares no RDMA rails (rdma_roce_nics); "
+                "allowed: transports without rc, dc, ud",
+                h.name,
+            )
         cuda = [t for t in names if CUDA_TLS.match(t)]
         if cuda and not gpu:
             ck.add(var, f"{tls!r} names {', '.join(cuda)} on a host without GPUs", h.name)
@@ -313,9 +390,12 @@ def _ucx(ck: Checker, hv: dict[str, Any], h: Host, devs: list[str]) -> None:
         for i, nic in enumerate(nics):
             dev = nic.get("rdma_dev") if isinstance(nic, dict) else None
             if dev is not None and dev not in devs:
-                ck.add(f"ucx_nics[{i}].rdma_dev", f"{dev!r} is not a rail of {h.name} (rdma_roce_nics: "
-                       f"{', '.join(devs)}): UCX_NET_DEVICES would name a device without an address",
-                       h.name)  # fmt: skip
+                ck.add(
+                    f"ucx_nics[{i}].rdma_dev",
+                    f"{dev!r} is not a rail of {h.name} (rdma_roce_nics: "
+                    f"{', '.join(devs)}): UCX_NET_DEVICES would name a device without an address",
+                    h.name,
+                )
     gpus_ = hv.get("ucx_gpus")
     count = h.expect.get("gpu_count")
     if isinstance(gpus_, list) and isinstance(count, int):
@@ -329,8 +409,11 @@ def _unprivileged(ck: Checker, hv: dict[str, Any], h: Host, kv_store: KVStore | 
     """A service that runs as the service user (its role's hardening on) cannot bind a port below 1024."""
     ports: list[tuple[str, int]] = []
     if h.router is not None:
-        ports += [("pdinfra_router_port", h.router.port), ("pd_router_prometheus_port", h.router.metrics_port),
-                  ("pd_router_backend_port", h.router.backend_port)]  # fmt: skip
+        ports += [
+            ("pdinfra_router_port", h.router.port),
+            ("pd_router_prometheus_port", h.router.metrics_port),
+            ("pd_router_backend_port", h.router.backend_port),
+        ]
         if h.router.lmcache_notify_port:
             ports.append(("pdinfra_lmcache_notify_port", h.router.lmcache_notify_port))
     if kv_store is not None and kv_store.host == h.name:
@@ -343,5 +426,9 @@ def _unprivileged(ck: Checker, hv: dict[str, Any], h: Host, kv_store: KVStore | 
         hardening, what = schema.UNPRIVILEGED_PORTS[var.rsplit(".", 1)[-1]]
         if str(role_value(hv, hardening)).lower() in ("false", "no", "0", "off"):
             continue  # the unit runs as root
-        ck.add(var, f"{port} is below 1024: {what} runs as the unprivileged pdinfra_service_user ({hardening} true) "
-               "and cannot bind it; allowed: 1024..65535", h.name)  # fmt: skip
+        ck.add(
+            var,
+            f"{port} is below 1024: {what} runs as the unprivileged pdinfra_service_user ({hardening} true) "
+            "and cannot bind it; allowed: 1024..65535",
+            h.name,
+        )

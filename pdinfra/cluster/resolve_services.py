@@ -15,7 +15,7 @@ from pdinfra.cluster.model import Firewall, Host, Instance, KVStore, Monitoring,
 from pdinfra.cluster.schema import PDINFRA
 
 
-def _api_key(ck: Checker, key: str, key_file: str) -> str:
+def resolve_api_key(ck: Checker, key: str, key_file: str) -> str:
     """The API key from ``pdinfra_api_key`` or ``pdinfra_api_key_file`` (never both; the file private)."""
     if key and key_file:
         ck.add("pdinfra_api_key_file", "is set together with pdinfra_api_key: give the key one way")
@@ -31,18 +31,22 @@ def _api_key(ck: Checker, key: str, key_file: str) -> str:
             ck.add("pdinfra_api_key_file", f"{key_file}: cannot read it on the controller ({exc.strerror})")
             return ""
         if mode & 0o077:
-            ck.add("pdinfra_api_key_file", f"{key_file} is readable by group or others (mode {mode & 0o777:o}); "
-                   "chmod 600 it")  # fmt: skip
+            ck.add(
+                "pdinfra_api_key_file",
+                f"{key_file} is readable by group or others (mode {mode & 0o777:o}); chmod 600 it",
+            )
         key = lines[0].strip() if lines else ""
         if not key:
             ck.add("pdinfra_api_key_file", f"{key_file}: its first line is empty")
     if key and (len(key) < 16 or any(c.isspace() or ord(c) < 33 for c in key)):
-        ck.add("pdinfra_api_key_file" if key_file else "pdinfra_api_key",
-               "must be at least 16 printable characters without spaces (value not shown: it is a secret)")  # fmt: skip
+        ck.add(
+            "pdinfra_api_key_file" if key_file else "pdinfra_api_key",
+            "must be at least 16 printable characters without spaces (value not shown: it is a secret)",
+        )
     return key
 
 
-def _networks(ck: Checker, raw: Any, var: str, empty_ok: bool = False) -> tuple[str, ...]:
+def resolve_networks(ck: Checker, raw: Any, var: str, empty_ok: bool = False) -> tuple[str, ...]:
     if not isinstance(raw, list) or not (raw or empty_ok):
         ck.add(var, f"must be a non-empty list of networks (CIDR), not {show(raw)}")
         return ()
@@ -54,13 +58,13 @@ def _networks(ck: Checker, raw: Any, var: str, empty_ok: bool = False) -> tuple[
                 raise ValueError("IPv6")
             out.append(str(n))
         except ValueError as exc:
-            ck.add(f"{var}[{i}]", f"{show(net)} is not an IPv4 network such as 198.18.0.0/15 "
-                   f"({exc})")  # fmt: skip
+            ck.add(f"{var}[{i}]", f"{show(net)} is not an IPv4 network such as 198.18.0.0/15 ({exc})")
     return tuple(out)
 
 
-def _open_router(ck: Checker, api_key: str, client_networks: tuple[str, ...], firewall: bool, declared_open: bool,
-                 routers: list[str]) -> None:  # fmt: skip
+def open_router(
+    ck: Checker, api_key: str, client_networks: tuple[str, ...], firewall: bool, declared_open: bool, routers: list[str]
+) -> None:
     """A router without an API key that every address may reach is a model served to anyone: refused unless the
     operator declares it open (``pdinfra_router_open``). Not repeated when the key or the networks are themselves
     reported already (an unreadable key file, a malformed network)."""
@@ -72,15 +76,21 @@ def _open_router(ck: Checker, api_key: str, client_networks: tuple[str, ...], fi
     everyone = ipaddress.ip_network("0.0.0.0/0") in list(ipaddress.collapse_addresses(nets))
     if firewall and not everyone:
         return
-    why = ("pdinfra_firewall is false (no firewall keeps anyone out)" if not firewall else
-           f"pdinfra_client_networks ({', '.join(client_networks)}) admits every address")  # fmt: skip
-    ck.add("pdinfra_api_key", f"the router ({', '.join(routers)}) would serve anyone: it has no API key "
-           f"(pdinfra_api_key and pdinfra_api_key_file are empty) and {why}. Give it a key (pdinfra_api_key_file, or "
-           "pdinfra_api_key from ansible-vault), narrow pdinfra_client_networks, or declare it open on purpose with "
-           "pdinfra_router_open: true (docs/security.md)")  # fmt: skip
+    why = (
+        "pdinfra_firewall is false (no firewall keeps anyone out)"
+        if not firewall
+        else f"pdinfra_client_networks ({', '.join(client_networks)}) admits every address"
+    )
+    ck.add(
+        "pdinfra_api_key",
+        f"the router ({', '.join(routers)}) would serve anyone: it has no API key "
+        f"(pdinfra_api_key and pdinfra_api_key_file are empty) and {why}. Give it a key (pdinfra_api_key_file, or "
+        "pdinfra_api_key from ansible-vault), narrow pdinfra_client_networks, or declare it open on purpose with "
+        "pdinfra_router_open: true (docs/security.md)",
+    )
 
 
-def _port_range(ck: Checker, var: str, text: str, example: str) -> tuple[int, int] | None:
+def parse_port_range(ck: Checker, var: str, text: str, example: str) -> tuple[int, int] | None:
     m = re.fullmatch(r"(\d+)-(\d+)", text)
     if not m or not (1024 <= int(m[1]) <= int(m[2]) <= 65535):
         ck.add(var, f"{text!r} must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535 (e.g. {example})")
@@ -96,12 +106,15 @@ def _service_host(ck: Checker, pd: list[Host], routers: list[Router], name: Any,
     name = name or (routers[0].host if routers else pd[0].name)
     host = next((h for h in pd if h.name == name), None)
     if host is None:
-        ck.add(var, f"{name!r} is not a host of pd_cluster with a serving address; PD hosts: "
-               f"{', '.join(h.name for h in pd)}{suggest(str(name), [h.name for h in pd])}")  # fmt: skip
+        ck.add(
+            var,
+            f"{name!r} is not a host of pd_cluster with a serving address; PD hosts: "
+            f"{', '.join(h.name for h in pd)}{suggest(str(name), [h.name for h in pd])}",
+        )
     return host
 
 
-def _lmcache_ports(ck: Checker, hosts: list[Host]) -> tuple[list[Host], list[Instance]]:
+def lmcache_ports(ck: Checker, hosts: list[Host]) -> tuple[list[Host], list[Instance]]:
     """LMCache's receiver ports on every decode instance: init at side_channel_port + rank, alloc after them at
     side_channel_port + tp + rank; each must be free on its host."""
     out, insts = [], []
@@ -115,9 +128,13 @@ def _lmcache_ports(ck: Checker, hosts: list[Host]) -> tuple[list[Host], list[Ins
                 alloc = tuple(i.side_channel_port + tp + r for r in range(tp))
                 for p in alloc:
                     if p in used or p > 65535:
-                        ck.add(f"{i.var}.side_channel_port", f"LMCache's alloc port {p} ({i.name}, side_channel_port "
-                               f"+ {tp} TP ranks + rank) is {'above 65535' if p > 65535 else 'used by ' + used[p]}; "
-                               f"leave {2 * tp} ports free from side_channel_port", h.name)  # fmt: skip
+                        ck.add(
+                            f"{i.var}.side_channel_port",
+                            f"LMCache's alloc port {p} ({i.name}, side_channel_port "
+                            f"+ {tp} TP ranks + rank) is {'above 65535' if p > 65535 else 'used by ' + used[p]}; "
+                            f"leave {2 * tp} ports free from side_channel_port",
+                            h.name,
+                        )
                 i = dataclasses.replace(i, lmcache_init_ports=init, lmcache_alloc_ports=alloc)
             new.append(i)
         h = dataclasses.replace(h, instances=tuple(new))
@@ -126,8 +143,13 @@ def _lmcache_ports(ck: Checker, hosts: list[Host]) -> tuple[list[Host], list[Ins
     return out, insts
 
 
-def _check_ranges(ck: Checker, hosts: list[Host], ranges: list[tuple[str, str, tuple[int, int] | None, str]],
-                  monitoring: Monitoring | None, kv_store: KVStore | None) -> None:  # fmt: skip
+def check_ranges(
+    ck: Checker,
+    hosts: list[Host],
+    ranges: list[tuple[str, str, tuple[int, int] | None, str]],
+    monitoring: Monitoring | None,
+    kv_store: KVStore | None,
+) -> None:
     """A port range (UCX's listeners, Mooncake's engines: (variable, text, bounds, whose)) must hold none of the fixed
     ports of a host with instances, whether a firewall is rendered or not: the range's listeners would take them."""
     for h in hosts:
@@ -139,8 +161,12 @@ def _check_ranges(ck: Checker, hosts: list[Host], ranges: list[tuple[str, str, t
                 continue
             clash = sorted(p for p in used if rng[0] <= p <= rng[1])
             if clash:
-                ck.add(var, f"{text} holds port(s) {', '.join(f'{p} ({used[p]})' for p in clash)}: {whose} would "
-                       "take them; choose a range apart from the services' ports", h.name)  # fmt: skip
+                ck.add(
+                    var,
+                    f"{text} holds port(s) {', '.join(f'{p} ({used[p]})' for p in clash)}: {whose} would "
+                    "take them; choose a range apart from the services' ports",
+                    h.name,
+                )
 
 
 def _serving_ports(h: Host) -> dict[int, str]:
@@ -149,8 +175,13 @@ def _serving_ports(h: Host) -> dict[int, str]:
     used.update({i.side_channel_port + r: f"{i.name}'s side channel" for i in h.instances for r in range(i.tp)})
     used.update({p: f"{i.name}'s LMCache alloc port" for i in h.instances for p in i.lmcache_alloc_ports})
     if h.router is not None:
-        used.update({h.router.port: "the router", h.router.metrics_port: "the router's metrics",
-                     h.router.backend_port: "vllm-router behind the gateway (pd_router_backend_port)"})
+        used.update(
+            {
+                h.router.port: "the router",
+                h.router.metrics_port: "the router's metrics",
+                h.router.backend_port: "vllm-router behind the gateway (pd_router_backend_port)",
+            }
+        )
         if h.router.lmcache_notify_port:
             used[h.router.lmcache_notify_port] = "the LMCache proxy's notifications (pdinfra_lmcache_notify_port)"
     return used
@@ -172,7 +203,7 @@ def fixed_ports(h: Host, monitoring: Monitoring | None, kv_store: KVStore | None
     return used
 
 
-def _monitoring(ck: Checker, hosts: list[Host], routers: list[Router], cluster_value: Any) -> Monitoring | None:
+def resolve_monitoring(ck: Checker, hosts: list[Host], routers: list[Router], cluster_value: Any) -> Monitoring | None:
     """Where Prometheus runs and what it scrapes: every instance, the router, every PD host's node exporter and,
     when enabled, dcgm-exporter on the GPU hosts. Ports must not collide with the host's serving ports."""
     pd = [h for h in hosts if h.in_cluster and h.address]
@@ -205,11 +236,18 @@ def _monitoring(ck: Checker, hosts: list[Host], routers: list[Router], cluster_v
         targets["dcgm"] = tuple(f"{h.address}:{dcgm_port}" for h in pd if h.gpu)
     insts = [i for h in pd for i in h.instances]
     labels = {i.url.removeprefix("http://"): {"pd_role": i.role, "pd_instance": i.name} for i in insts}
-    return Monitoring(host=host.name, address=str(host.address), prometheus_port=prom,
-                      url=f"http://{host.address}:{prom}", node_exporter_port=node_port, dcgm_exporter_port=dcgm_port,
-                      scrape_interval_s=int(cluster_value(PDINFRA["pdinfra_scrape_interval_s"])),
-                      retention_days=int(cluster_value(PDINFRA["pdinfra_prometheus_retention_days"])),
-                      targets=targets, labels=labels)  # fmt: skip
+    return Monitoring(
+        host=host.name,
+        address=str(host.address),
+        prometheus_port=prom,
+        url=f"http://{host.address}:{prom}",
+        node_exporter_port=node_port,
+        dcgm_exporter_port=dcgm_port,
+        scrape_interval_s=int(cluster_value(PDINFRA["pdinfra_scrape_interval_s"])),
+        retention_days=int(cluster_value(PDINFRA["pdinfra_prometheus_retention_days"])),
+        targets=targets,
+        labels=labels,
+    )
 
 
 STORE_VARS = ("pdinfra_kv_store_host", "pdinfra_kv_store_port", "pdinfra_kv_store_metrics_port",
@@ -218,8 +256,14 @@ STORE_VARS = ("pdinfra_kv_store_host", "pdinfra_kv_store_port", "pdinfra_kv_stor
               "pdinfra_kv_store_load_failure_policy")  # fmt: skip
 
 
-def _kv_store(ck: Checker, hosts: list[Host], routers: list[Router], monitoring: Monitoring | None,
-              values: dict[str, Any], profile: str) -> KVStore | None:  # fmt: skip
+def resolve_kv_store(
+    ck: Checker,
+    hosts: list[Host],
+    routers: list[Router],
+    monitoring: Monitoring | None,
+    values: dict[str, Any],
+    profile: str,
+) -> KVStore | None:
     """Where the Mooncake master runs, its ports (apart from every other service of its host) and the store's sizes,
     with the profile's defaults."""
     pd = [h for h in hosts if h.in_cluster and h.address]
@@ -242,20 +286,33 @@ def _kv_store(ck: Checker, hosts: list[Host], routers: list[Router], monitoring:
     protocol = values["pdinfra_kv_store_protocol"] or ("rdma" if gpu else "tcp")
     segment = values["pdinfra_kv_store_segment_mib"] or (16384 if gpu else 256)
     buffer = values["pdinfra_kv_store_buffer_mib"] or (4096 if gpu else 128)
-    return KVStore(host=host.name, address=str(host.address), port=port, metrics_port=metrics,
-                   master=f"{host.address}:{port}", protocol=str(protocol), segment_mib=int(segment),
-                   buffer_mib=int(buffer),
-                   lease_ttl_ms=int(values["pdinfra_kv_store_lease_ttl_ms"]),
-                   roles=tuple(r for r in ("prefill", "decode") if r in roles),
-                   client_ports=str(values["pdinfra_kv_store_port_range"]),
-                   load_failure_policy=str(values["pdinfra_kv_store_load_failure_policy"] or "recompute"))  # fmt: skip
+    return KVStore(
+        host=host.name,
+        address=str(host.address),
+        port=port,
+        metrics_port=metrics,
+        master=f"{host.address}:{port}",
+        protocol=str(protocol),
+        segment_mib=int(segment),
+        buffer_mib=int(buffer),
+        lease_ttl_ms=int(values["pdinfra_kv_store_lease_ttl_ms"]),
+        roles=tuple(r for r in ("prefill", "decode") if r in roles),
+        client_ports=str(values["pdinfra_kv_store_port_range"]),
+        load_failure_policy=str(values["pdinfra_kv_store_load_failure_policy"] or "recompute"),
+    )
 
 
-def _firewalls(
-    ck: Checker, hosts: list[Host], ranges: list[tuple[int, int]], client_networks: tuple[str, ...],
-    admin_networks: tuple[str, ...], monitoring: Monitoring | None = None, kv_store: KVStore | None = None,
-    mooncake: tuple[int, int] | None = None, admit_controller: bool = True,
-) -> list[Host]:  # fmt: skip
+def resolve_firewalls(
+    ck: Checker,
+    hosts: list[Host],
+    ranges: list[tuple[int, int]],
+    client_networks: tuple[str, ...],
+    admin_networks: tuple[str, ...],
+    monitoring: Monitoring | None = None,
+    kv_store: KVStore | None = None,
+    mooncake: tuple[int, int] | None = None,
+    admit_controller: bool = True,
+) -> list[Host]:
     """Each PD host's firewall: the PD ports (service ports, UCX's range, the ephemeral range) from the cluster's
     own addresses, the admin networks and (``admit_controller``: the pd_firewall role finds its addresses at play
     time) the controller, the router port from clients. ``mooncake``: the Mooncake PD connector's transfer-engine

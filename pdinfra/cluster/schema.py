@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from pdinfra import paths
+from pdinfra.cluster import connectors
 
 # Types: str, int, bool, list, dict, port (1..65535), cidr (address/prefix), raw (anything).
 TYPES = ("str", "int", "bool", "list", "dict", "port", "cidr", "raw")
@@ -45,8 +46,6 @@ UNITS: dict[str, str] = {
 # Seconds per unit of a Prometheus duration, and of the units an operator may write after a number in seconds.
 DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 PROM_DURATION = r"(?:[0-9]+(?:ms|s|m|h|d|w|y))+"
-
-
 
 
 @dataclass(frozen=True)
@@ -98,13 +97,20 @@ def _f(name: str, type_: str, description: str, **kw: Any) -> Var:
 # String formats a variable can require: (regular expression, what it is in words for the problem and the docs).
 FORMATS: dict[str, tuple[str, str]] = {
     # systemd unit names allow more, but the name is also a file name beside others (<name>.json, .kv-store.json)
-    "unit_name": (r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}", "ASCII letters, digits, - and _ (it names the unit "
-                  "pdinfra-vllm-<name>.service and its files), at most 63 characters"),
-    "served_name": (r"[!-~]{1,256}", "printable ASCII without spaces (vLLM's --served-model-name takes it as one "
-                    "name; clients send it as `model`)"),
+    "unit_name": (
+        r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}",
+        "ASCII letters, digits, - and _ (it names the unit "
+        "pdinfra-vllm-<name>.service and its files), at most 63 characters",
+    ),
+    "served_name": (
+        r"[!-~]{1,256}",
+        "printable ASCII without spaces (vLLM's --served-model-name takes it as one name; clients send it as `model`)",
+    ),
     "abs_path": (r"/.*", "an absolute path on the node"),
-    "hf_id": (r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+", "a Hugging Face id such as openai/gpt-oss-120b (not a "
-              "URL)"),
+    "hf_id": (
+        r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+",
+        "a Hugging Face id such as openai/gpt-oss-120b (not a URL)",
+    ),
     "cpu_list": (r"[0-9]+(-[0-9]+)?([ ,][0-9]+(-[0-9]+)?)*", 'a systemd CPU list such as "0-3", "0,2" or "0 1"'),
     "driver_version": (r"[0-9]{3}\.[0-9]+(\.[0-9]+)?", 'a full driver version such as "580.159.04"'),
     "kernel_version": (r"[0-9]+\.[0-9]+(\.[0-9]+)?", "a kernel version such as '5.12'"),
@@ -226,7 +232,7 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "NixlConnector: the decode reads the prefill's blocks); `mooncake` (vLLM's MooncakeConnector: the prefill "
        "writes into the decode's blocks over Mooncake's transfer engine; on cpu with pdinfra's shim "
        "pdinfra.serving.mooncake_cpu); `lmcache` (LMCacheConnectorV1 over NIXL with pdinfra's LMCache PD proxy; gpu "
-       "only, not run end to end here).", default="nixl", choices=("nixl", "mooncake", "lmcache")),
+       "only, not run end to end here).", default=connectors.DEFAULT, choices=tuple(connectors.CONNECTORS)),
     _f("pdinfra_layout", "str", "`pd`: prefill and decode joined by the KV connector; `agg`: the same instances "
        "as aggregated servers.", default="pd", choices=("pd", "agg")),
     _f("pdinfra_block_size", "int", "KV block size (tokens per block; a power of two, a multiple of 32 on cpu).",
@@ -370,6 +376,8 @@ ROLE_PREFIXES = {"preflight": "preflight_", "nvidia_driver": "nvidia_driver_", "
                  "ucx": "ucx_", "pd_runtime": "pd_runtime_", "pd_firewall": "pd_firewall_", "pd_model": "pd_model_",
                  "pd_kv_store": "pd_kv_store_", "vllm_instance": "vllm_instance_", "pd_router": "pd_router_",
                  "pd_monitoring": "pd_monitoring_"}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Rule:
     """What a role variable means beyond its argument_specs type: its unit, the values allowed and, for a string,
@@ -392,8 +400,9 @@ class Rule:
         elif self.unit in ("fraction", "duration"):
             parts.append(f"Must be {UNITS[self.unit]}.")
         if self.unit != "fraction" and (self.min is not None or self.max is not None):
-            lo, hi = (("" if x is None else str(int(x)) if float(x).is_integer() else f"{x:g}")
-                      for x in (self.min, self.max))  # fmt: skip
+            lo, hi = (
+                ("" if x is None else str(int(x)) if float(x).is_integer() else f"{x:g}") for x in (self.min, self.max)
+            )
             parts.append(f"Range {lo}..{hi}.")
         if self.what is not None:
             parts.append(f"Must be {self.what}.")

@@ -45,27 +45,27 @@ try:  # on a managed host: the module_utils files Ansible ships beside this one
         SECURE_BOOT_VAR,
         WATCHED_MODULES,
         Host,
-        _err,
         command_file_name,
+        error_fact,
         normalise_bdf,
         parse_version_tuple,
         pci_aer,
     )
     from ansible.module_utils.pdinfra_facts_gpu import (  # noqa: F401
-        _nvml_field_values,
         add_sysfs_pcie,
         decode_clock_reasons,
         fabric_manager,
         gpus_live,
         gpus_replay,
         nvidia_driver,
+        nvml_field_values,
         parse_nvidia_version,
         pci_nvidia,
         pcie_acs,
         write_nvml_record,
     )
     from ansible.module_utils.pdinfra_facts_net import (  # noqa: F401
-        _all_qos,
+        all_qos,
         gid_ipv4,
         netdevs,
         parse_env_file,
@@ -93,27 +93,27 @@ except ImportError:  # pdinfra itself (the controller, `pdinfra facts`)
         SECURE_BOOT_VAR,
         WATCHED_MODULES,
         Host,
-        _err,
         command_file_name,
+        error_fact,
         normalise_bdf,
         parse_version_tuple,
         pci_aer,
     )
     from pdinfra.host.facts_gpu import (  # noqa: F401
-        _nvml_field_values,
         add_sysfs_pcie,
         decode_clock_reasons,
         fabric_manager,
         gpus_live,
         gpus_replay,
         nvidia_driver,
+        nvml_field_values,
         parse_nvidia_version,
         pci_nvidia,
         pcie_acs,
         write_nvml_record,
     )
     from pdinfra.host.facts_net import (  # noqa: F401
-        _all_qos,
+        all_qos,
         gid_ipv4,
         netdevs,
         parse_env_file,
@@ -329,7 +329,7 @@ def _probe(port: int, host: str = "127.0.0.1") -> str:
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code}"
     except Exception as exc:
-        return f"unreachable: {_err(exc)}"
+        return f"unreachable: {error_fact(exc)}"
 
 
 # Files the vllm_instance role writes beside the instance descriptors (<name>.json) that are not descriptors: the KV
@@ -355,7 +355,7 @@ def instances(host: Host) -> list[dict[str, Any]]:
             if not isinstance(inst, dict):
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as exc:
-            result.append({"file": rel, "error": _err(exc), "health": "unknown"})
+            result.append({"file": rel, "error": error_fact(exc), "health": "unknown"})
             continue
         inst["file"] = rel
         port = inst.get("port")
@@ -418,7 +418,7 @@ def deep_health(host: Host) -> dict[str, Any]:
         if not isinstance(last, dict) or not isinstance(last.get("paths"), list):
             raise ValueError("not a probe result")
     except ValueError as exc:
-        return out | {"error": f"/{PROBE_DIR}/last.json: {_err(exc)}"}
+        return out | {"error": f"/{PROBE_DIR}/last.json: {error_fact(exc)}"}
     out["last"] = last
     if host.live and isinstance(last.get("started"), (int, float)):
         out["age_s"] = round(time.time() - float(last["started"]), 1)
@@ -448,7 +448,7 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
         try:
             return fn()
         except Exception as exc:  # a fact-gathering bug must never hide the other facts
-            errors.append(f"{name}: {_err(exc)}")
+            errors.append(f"{name}: {error_fact(exc)}")
             return fallback
 
     if not nvml:
@@ -481,7 +481,7 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
         "fabric_manager": section("fabric_manager", lambda: fabric_manager(host), {"installed": False}),
         "rdma": rdma_facts,
         "kernel_log": section("kernel_log", lambda: kernel_log(host), {"readable": False, "xids": []}),
-        "roce_qos": section("roce_qos", lambda: _all_qos(host, rdma_facts), {}),
+        "roce_qos": section("roce_qos", lambda: all_qos(host, rdma_facts), {}),
         "netdevs": section("netdevs", lambda: netdevs(host), {"interfaces": {}}),
         "ucx": section("ucx", lambda: ucx(host), {"available": False, "transports": {}}),
         "toolchain": section("toolchain", lambda: toolchain(host), {"known": False, "compilers": {}}),

@@ -212,12 +212,12 @@ RECORDED_COMMANDS: tuple[tuple[str, ...], ...] = (
 )
 
 
-def _err(exc: BaseException) -> str:
+def error_fact(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if type(exc).__name__ not in text else text
 
 
-def _int(text: str | None) -> int | None:
+def as_int(text: str | None) -> int | None:
     if text is None:
         return None
     try:
@@ -226,13 +226,13 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def _str(value: Any) -> str:
+def as_str(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def normalise_bdf(bus_id: str) -> str:
     """'00000000:18:00.0' (NVML) -> '0000:18:00.0' (sysfs), lower case."""
-    bus_id = _str(bus_id).strip().lower()
+    bus_id = as_str(bus_id).strip().lower()
     dom, sep, rest = bus_id.partition(":")
     if sep and len(dom) == 8 and dom.startswith("0000"):
         dom = dom[4:]
@@ -276,10 +276,10 @@ def pci_aer(host: Host, base: str) -> dict[str, Any] | None:
     return out | ({"detail": detail} if detail else {})
 
 
-def _pcie_link(host: Host, base: str) -> dict[str, Any] | None:
+def pcie_link(host: Host, base: str) -> dict[str, Any] | None:
     """A PCI function's link from sysfs (current/max width and speed), or None when not recorded."""
-    cur = _int(host.line(f"{base}/current_link_width"))
-    mx = _int(host.line(f"{base}/max_link_width"))
+    cur = as_int(host.line(f"{base}/current_link_width"))
+    mx = as_int(host.line(f"{base}/max_link_width"))
     if cur is None and mx is None:
         return None
     return {

@@ -28,9 +28,9 @@ try:  # on a managed host: the module_utils files Ansible ships beside this one
         P2P_CAPS,
         P2P_STATUS,
         Host,
-        _err,
-        _int,
-        _str,
+        as_int,
+        as_str,
+        error_fact,
         normalise_bdf,
         pci_aer,
         pci_path,
@@ -48,9 +48,9 @@ except ImportError:  # pdinfra itself (the controller, `pdinfra facts`)
         P2P_CAPS,
         P2P_STATUS,
         Host,
-        _err,
-        _int,
-        _str,
+        as_int,
+        as_str,
+        error_fact,
         normalise_bdf,
         pci_aer,
         pci_path,
@@ -106,7 +106,7 @@ def decode_clock_reasons(mask: int) -> list[str]:
     return names + ([hex(rest)] if rest else [])
 
 
-def _nvml_field_values(pynvml: Any, handle: Any, fields: tuple[tuple[str, str], ...]) -> dict[str, int | None]:
+def nvml_field_values(pynvml: Any, handle: Any, fields: tuple[tuple[str, str], ...]) -> dict[str, int | None]:
     """Field values by fact key (None: this nvidia-ml-py lacks the field, or NVML answered an error for it)."""
     out: dict[str, int | None] = {key: None for key, _ in fields}
     wanted = [(key, getattr(pynvml, const)) for key, const in fields if getattr(pynvml, const, None) is not None]
@@ -158,7 +158,7 @@ def _nvml_health(pynvml: Any, h: Any) -> dict[str, Any]:
         "retired_pages_pending": None if retired is None else bool(retired),
         "clock_event_reasons": reasons,
         "clock_event_names": None if reasons is None else decode_clock_reasons(reasons),
-        "nvlink_errors_total": _nvml_field_values(pynvml, h, NVLINK_ERROR_TOTAL_FIELDS),
+        "nvlink_errors_total": nvml_field_values(pynvml, h, NVLINK_ERROR_TOTAL_FIELDS),
     }
 
 
@@ -176,12 +176,12 @@ def _fabric(pynvml: Any, handle: Any) -> dict[str, Any] | None:
         try:
             fn(handle, ctypes.byref(info))  # pynvml passes the argument through to C as is
         except Exception as exc:
-            last = _err(exc)
+            last = error_fact(exc)
             if "NotSupported" in type(exc).__name__ or "Not Supported" in str(exc):
                 return None
             continue
         status = int(info.status)
-        status_text = "Success" if status == 0 else _str(_nvml_call(pynvml.nvmlErrorString, status) or status)
+        status_text = "Success" if status == 0 else as_str(_nvml_call(pynvml.nvmlErrorString, status) or status)
         return {
             "state": FABRIC_STATES.get(int(info.state), str(int(info.state))),
             "status": status_text,
@@ -196,9 +196,9 @@ def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
     persistence = _nvml_call(pynvml.nvmlDeviceGetPersistenceMode, h)
     dev: dict[str, Any] = {
         "index": index,
-        "name": _str(_nvml_call(pynvml.nvmlDeviceGetName, h) or ""),
-        "uuid": _str(_nvml_call(pynvml.nvmlDeviceGetUUID, h) or ""),
-        "vbios": _str(_nvml_get(pynvml, "nvmlDeviceGetVbiosVersion", h) or "") or None,
+        "name": as_str(_nvml_call(pynvml.nvmlDeviceGetName, h) or ""),
+        "uuid": as_str(_nvml_call(pynvml.nvmlDeviceGetUUID, h) or ""),
+        "vbios": as_str(_nvml_get(pynvml, "nvmlDeviceGetVbiosVersion", h) or "") or None,
         "bus_id": normalise_bdf(pci.busId) if pci is not None else None,
         "persistence_mode": None if persistence is None else bool(persistence),
         "pcie": {
@@ -222,13 +222,13 @@ def _nvml_device(pynvml: Any, index: int) -> dict[str, Any]:
                 "link": link,
                 "active": bool(state),
                 "version": _nvml_call(pynvml.nvmlDeviceGetNvLinkVersion, h, link),
-                "remote_bus_id": _str(remote.busId).lower() if remote is not None else None,
+                "remote_bus_id": as_str(remote.busId).lower() if remote is not None else None,
                 "errors": {
                     key: _count(
                         _nvml_get(pynvml, "nvmlDeviceGetNvLinkErrorCounter", h, link, getattr(pynvml, const, value))
                     )
                     for key, const, value in NVLINK_ERROR_COUNTERS
-                },  # fmt: skip
+                },
             }
         )
     return dev
@@ -269,7 +269,7 @@ def _cuda_attrs(devices: list[dict[str, Any]]) -> dict[str, Any]:
                     "gpu_direct_rdma_supported": get("CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED"),
                 }
     except Exception as exc:
-        return {"available": False, "reason": f"CUDA driver query failed: {_err(exc)}"}
+        return {"available": False, "reason": f"CUDA driver query failed: {error_fact(exc)}"}
     return {"available": True, "source": "cuda.bindings"}
 
 
@@ -282,10 +282,10 @@ def gpus_live() -> dict[str, Any]:
     try:
         pynvml.nvmlInit()
     except Exception as exc:
-        return {"present": False, "reason": f"no NVIDIA GPU (NVML: {_err(exc)})", "source": "nvml"}
+        return {"present": False, "reason": f"no NVIDIA GPU (NVML: {error_fact(exc)})", "source": "nvml"}
     try:
         count = int(pynvml.nvmlDeviceGetCount())
-        driver_version = _str(_nvml_call(pynvml.nvmlSystemGetDriverVersion) or "") or None
+        driver_version = as_str(_nvml_call(pynvml.nvmlSystemGetDriverVersion) or "") or None
         cuda_version = _nvml_call(pynvml.nvmlSystemGetCudaDriverVersion)
         devices = [_nvml_device(pynvml, i) for i in range(count)]
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
@@ -298,7 +298,7 @@ def gpus_live() -> dict[str, Any]:
                     entry[key] = None if status is None else P2P_STATUS.get(int(status), str(status))
                 p2p.append(entry)
     except Exception as exc:
-        return {"present": False, "reason": f"NVML query failed: {_err(exc)}", "source": "nvml"}
+        return {"present": False, "reason": f"NVML query failed: {error_fact(exc)}", "source": "nvml"}
     finally:
         _nvml_call(pynvml.nvmlShutdown)
     cuda = _cuda_attrs(devices) if devices else {"available": False, "reason": "no devices"}
@@ -375,10 +375,10 @@ def add_sysfs_pcie(host: Host, gpus: dict[str, Any]) -> None:
             continue
         dev.setdefault("pcie", {})["sysfs"] = {
             "current_link_speed": speed,
-            "current_link_width": _int(host.line(f"{base}/current_link_width")),
+            "current_link_width": as_int(host.line(f"{base}/current_link_width")),
             "max_link_speed": host.line(f"{base}/max_link_speed"),
-            "max_link_width": _int(host.line(f"{base}/max_link_width")),
-            "numa_node": _int(host.line(f"{base}/numa_node")),
+            "max_link_width": as_int(host.line(f"{base}/max_link_width")),
+            "numa_node": as_int(host.line(f"{base}/numa_node")),
         }
 
 

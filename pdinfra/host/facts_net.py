@@ -16,28 +16,28 @@ try:  # on a managed host: the module_utils files Ansible ships beside this one
         CMD_DIR,
         RDMA_PORT_COUNTERS,
         Host,
-        _err,
-        _int,
-        _pcie_link,
-        _str,
+        as_int,
+        as_str,
         command_file_name,
+        error_fact,
         pci_aer,
+        pcie_link,
     )
 except ImportError:  # pdinfra itself (the controller, `pdinfra facts`)
     from pdinfra.host.facts_base import (  # noqa: F401
         CMD_DIR,
         RDMA_PORT_COUNTERS,
         Host,
-        _err,
-        _int,
-        _pcie_link,
-        _str,
+        as_int,
+        as_str,
         command_file_name,
+        error_fact,
         pci_aer,
+        pcie_link,
     )
 
 
-def _all_qos(host: Host, rdma_facts: dict[str, Any]) -> dict[str, Any]:
+def all_qos(host: Host, rdma_facts: dict[str, Any]) -> dict[str, Any]:
     """roce_qos() of every netdev of an RDMA device (by device/net or by the GIDs' ndev)."""
     names = set()
     for d in rdma_facts.get("devices") or []:
@@ -107,16 +107,16 @@ def _rdma_port(host: Host, base: str, port: str) -> dict[str, Any]:
             continue
         gids.append(
             {
-                "index": _int(name),
+                "index": as_int(name),
                 "gid": gid,
                 "ipv4": gid_ipv4(gid),
                 "type": host.line(f"{pbase}/gid_attrs/types/{name}"),
                 "ndev": host.line(f"{pbase}/gid_attrs/ndevs/{name}"),
             }
         )
-    counters = {c: _int(host.line(f"{pbase}/counters/{c}")) for c in RDMA_PORT_COUNTERS}
+    counters = {c: as_int(host.line(f"{pbase}/counters/{c}")) for c in RDMA_PORT_COUNTERS}
     return {
-        "port": _int(port),
+        "port": as_int(port),
         "state": _sysfs_value(host.read(f"{pbase}/state")),
         "phys_state": _sysfs_value(host.read(f"{pbase}/phys_state")),
         "link_layer": host.line(f"{pbase}/link_layer"),
@@ -155,8 +155,8 @@ def rdma(host: Host) -> dict[str, Any]:
                 "driver": uevent.get("DRIVER"),
                 "fw_ver": host.line(f"{base}/fw_ver") or firmware.get(name),
                 "netdevs": host.listdir(f"{base}/device/net") or [],
-                "numa_node": _int(host.line(f"{base}/device/numa_node")),
-                "pcie": _pcie_link(host, f"{base}/device"),
+                "numa_node": as_int(host.line(f"{base}/device/numa_node")),
+                "pcie": pcie_link(host, f"{base}/device"),
                 "aer": pci_aer(host, f"{base}/device"),
                 "ports": ports,
             }
@@ -215,7 +215,7 @@ def _netdevs_pyroute2() -> dict[str, Any] | None:
             by_index[link["index"]] = name
             interfaces[name] = {
                 "mtu": link.get_attr("IFLA_MTU"),
-                "operstate": _str(link.get_attr("IFLA_OPERSTATE") or "").lower() or None,
+                "operstate": as_str(link.get_attr("IFLA_OPERSTATE") or "").lower() or None,
                 "address": link.get_attr("IFLA_ADDRESS"),
                 "addresses": [],
             }
@@ -230,7 +230,7 @@ def _netdevs_pyroute2() -> dict[str, Any] | None:
 def _add_speeds(host: Host, data: dict[str, Any]) -> dict[str, Any]:
     """Link speed in Mb/s from sysfs (netlink does not carry it); None when down or not reported."""
     for name, info in data["interfaces"].items():
-        speed = _int(host.line(f"sys/class/net/{name}/speed"))
+        speed = as_int(host.line(f"sys/class/net/{name}/speed"))
         info["speed_mbps"] = speed if speed is not None and speed > 0 else None
     return data
 
@@ -241,7 +241,7 @@ def netdevs(host: Host) -> dict[str, Any]:
             data = _netdevs_pyroute2()
         except Exception as exc:
             data = None
-            fallback_reason = f"pyroute2 failed: {_err(exc)}"
+            fallback_reason = f"pyroute2 failed: {error_fact(exc)}"
         else:
             fallback_reason = "pyroute2 not installed"
         if data is not None:
@@ -252,7 +252,7 @@ def netdevs(host: Host) -> dict[str, Any]:
     for name in host.listdir("sys/class/net") or []:
         base = f"sys/class/net/{name}"
         interfaces[name] = {
-            "mtu": _int(host.line(f"{base}/mtu")),
+            "mtu": as_int(host.line(f"{base}/mtu")),
             "operstate": host.line(f"{base}/operstate"),
             "address": host.line(f"{base}/address"),
         }
@@ -305,8 +305,13 @@ def ucx(host: Host) -> dict[str, Any]:
     found, out = host.run(["ucx_info", "-d"])
     if not found:
         where = "on PATH" if host.live else f"recorded ({CMD_DIR}/{command_file_name(['ucx_info', '-d'])})"
-        return {"available": False, "reason": f"ucx_info not {where}", "transports": {}, "env_files": env_files,
-                "version": None}  # fmt: skip
+        return {
+            "available": False,
+            "reason": f"ucx_info not {where}",
+            "transports": {},
+            "env_files": env_files,
+            "version": None,
+        }
     has_version, version_out = host.run(["ucx_info", "-v"])
     version = parse_ucx_version(version_out) if has_version else None
     transports = parse_ucx_info(out)

@@ -17,7 +17,7 @@ the other hosts show it. So when several hosts are validated at once, :func:`com
   named).
 
 Everything here is pure: facts dicts (:mod:`pdinfra.host.facts`) in, rows out. The transfer layer turns its reports
-into figures and versions of the same kind (:mod:`pdinfra.transfer.fleet`); the CLI joins them per host.
+into figures and versions of the same kind (:mod:`pdinfra.transfer.fleet_figures`); the CLI joins them per host.
 Fleet rows are warnings, never failures: they say which host to look at; the per-host checks say what is broken.
 """
 
@@ -216,7 +216,7 @@ def sample(
     figures: dict[str, Figure] | None = None,
     versions: dict[str, str | None] | None = None,
 ) -> HostSample:
-    """A host's facts, plus what other layers measured on it (e.g. :func:`pdinfra.transfer.fleet.figures`)."""
+    """A host's facts, plus what other layers measured on it (e.g. :func:`pdinfra.transfer.fleet_figures.figures`)."""
     return HostSample(host, {**facts_figures(facts), **(figures or {})}, {**facts_versions(facts), **(versions or {})})
 
 

@@ -44,8 +44,12 @@ def _patch(module: object) -> None:
             after = os.sched_getaffinity(0)
             if after != before:
                 os.sched_setaffinity(0, before)
-                print(f"pdinfra: vLLM's NIXL worker moved this thread to CPUs {sorted(after)}; kept the unit's "
-                      f"{sorted(before)} (pdinfra.serving.cpu_affinity)", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"pdinfra: vLLM's NIXL worker moved this thread to CPUs {sorted(after)}; kept the unit's "
+                    f"{sorted(before)} (pdinfra.serving.cpu_affinity)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     __init__._pdinfra_keeps_affinity = True  # type: ignore[attr-defined]
     cls.__init__ = __init__

@@ -94,17 +94,22 @@ class Config:
             raise ValueError("decode: the gateway needs at least one decode instance")
         if d.get("layout", "pd") not in ("pd", "agg"):
             raise ValueError(f"layout: pd or agg, got {d.get('layout')!r}")
-        cfg = cls(host=str(d["host"]), port=int(d["port"]), router=str(d["router"]).rstrip("/"),
-                  decode=tuple(u.rstrip("/") for u in decode),
-                  prefill=tuple(u.rstrip("/") for u in d.get("prefill") or ()), layout=d.get("layout", "pd"),
-                  api_key=str(d.get("api_key", os.environ.get("OPENAI_API_KEY", ""))),
-                  request_timeout_s=float(d.get("request_timeout_s", 300)),
-                  degraded_fallback=bool(d.get("degraded_fallback", True)),
-                  degraded_on_500=bool(d.get("degraded_on_500", True)),
-                  degraded_fail_timeout_s=float(d.get("degraded_fail_timeout_s", 2)),
-                  aggregate_below_bytes=int(d.get("aggregate_below_bytes", 0)),
-                  migration_attempts=int(d.get("migration_attempts", 2)),
-                  health_interval_s=float(d.get("health_interval_s", 1.0)))  # fmt: skip
+        cfg = cls(
+            host=str(d["host"]),
+            port=int(d["port"]),
+            router=str(d["router"]).rstrip("/"),
+            decode=tuple(u.rstrip("/") for u in decode),
+            prefill=tuple(u.rstrip("/") for u in d.get("prefill") or ()),
+            layout=d.get("layout", "pd"),
+            api_key=str(d.get("api_key", os.environ.get("OPENAI_API_KEY", ""))),
+            request_timeout_s=float(d.get("request_timeout_s", 300)),
+            degraded_fallback=bool(d.get("degraded_fallback", True)),
+            degraded_on_500=bool(d.get("degraded_on_500", True)),
+            degraded_fail_timeout_s=float(d.get("degraded_fail_timeout_s", 2)),
+            aggregate_below_bytes=int(d.get("aggregate_below_bytes", 0)),
+            migration_attempts=int(d.get("migration_attempts", 2)),
+            health_interval_s=float(d.get("health_interval_s", 1.0)),
+        )
         if cfg.migration_attempts < 0 or cfg.health_interval_s <= 0 or cfg.request_timeout_s <= 0:
             raise ValueError("migration_attempts >= 0, health_interval_s > 0 and request_timeout_s > 0")
         return cfg
@@ -129,20 +134,30 @@ class Stats:
                "# HELP pdinfra_gateway_instance_up The gateway's last /health check of each instance",
                "# TYPE pdinfra_gateway_instance_up gauge"]  # fmt: skip
         out += [f'pdinfra_gateway_instance_up{{role="{role}",url="{url}"}} {int(ok)}' for url, (role, ok) in up.items()]
-        out += ["# HELP pdinfra_gateway_requests_total Requests by the route that served them",
-                "# TYPE pdinfra_gateway_requests_total counter"]  # fmt: skip
-        out += [f'pdinfra_gateway_requests_total{{route="{r}",stream="{s}"}} {v}'
-                for (r, s), v in sorted(self.requests.items())]  # fmt: skip
-        out += ["# HELP pdinfra_gateway_stream_migrations_total Broken streams replayed on another decode instance",
-                "# TYPE pdinfra_gateway_stream_migrations_total counter"]  # fmt: skip
+        out += [
+            "# HELP pdinfra_gateway_requests_total Requests by the route that served them",
+            "# TYPE pdinfra_gateway_requests_total counter",
+        ]
+        out += [
+            f'pdinfra_gateway_requests_total{{route="{r}",stream="{s}"}} {v}'
+            for (r, s), v in sorted(self.requests.items())
+        ]
+        out += [
+            "# HELP pdinfra_gateway_stream_migrations_total Broken streams replayed on another decode instance",
+            "# TYPE pdinfra_gateway_stream_migrations_total counter",
+        ]
         for k in ("resumed", "failed"):
             out.append(f'pdinfra_gateway_stream_migrations_total{{outcome="{k}"}} {self.migrations.get(k, 0)}')
-        out += ["# HELP pdinfra_gateway_broken_streams_total Streams ended with an error event (no [DONE])",
-                "# TYPE pdinfra_gateway_broken_streams_total counter"]  # fmt: skip
+        out += [
+            "# HELP pdinfra_gateway_broken_streams_total Streams ended with an error event (no [DONE])",
+            "# TYPE pdinfra_gateway_broken_streams_total counter",
+        ]
         for k in ("no_decode_left", "not_replayable", "attempts_exhausted"):
             out.append(f'pdinfra_gateway_broken_streams_total{{reason="{k}"}} {self.broken.get(k, 0)}')
-        out += ["# HELP pdinfra_gateway_failed_requests_total Requests the gateway answered with an error itself",
-                "# TYPE pdinfra_gateway_failed_requests_total counter"]  # fmt: skip
+        out += [
+            "# HELP pdinfra_gateway_failed_requests_total Requests the gateway answered with an error itself",
+            "# TYPE pdinfra_gateway_failed_requests_total counter",
+        ]
         for k in ("no_instance", "attempts_exhausted"):
             out.append(f'pdinfra_gateway_failed_requests_total{{reason="{k}"}} {self.failed.get(k, 0)}')
         out += ["# TYPE pdinfra_gateway_in_flight gauge", f"pdinfra_gateway_in_flight {self.in_flight}"]
@@ -291,8 +306,10 @@ class Tracker:
         usage = obj.get("usage")
         if usage and self.base_prompt_tokens is not None:
             extra = usage.get("prompt_tokens", 0) - self.base_prompt_tokens
-            obj["usage"] = usage | {"prompt_tokens": self.base_prompt_tokens,
-                                    "completion_tokens": usage.get("completion_tokens", 0) + extra}  # fmt: skip
+            obj["usage"] = usage | {
+                "prompt_tokens": self.base_prompt_tokens,
+                "completion_tokens": usage.get("completion_tokens", 0) + extra,
+            }
         return obj
 
     def as_client_chunk(self, obj: dict) -> dict:
@@ -395,8 +412,9 @@ class Gateway:
         path = request.path
         if path == "/health" and request.method in ("GET", "HEAD"):
             ready, why = self.health.readiness()
-            return web.json_response({"status": "ready" if ready else "unavailable", "detail": why},
-                                     status=200 if ready else 503)  # fmt: skip
+            return web.json_response(
+                {"status": "ready" if ready else "unavailable", "detail": why}, status=200 if ready else 503
+            )
         if path == "/metrics" and request.method == "GET":
             ready, _ = self.health.readiness()
             up = {u: (self.health.roles[u], self.health.up.get(u, False)) for u in self.health.roles}
@@ -419,12 +437,19 @@ class Gateway:
 
         ready, why = self.health.readiness()
         age = round(time.monotonic() - self.health.checked_at, 1) if self.health.checked_at else None
-        return web.json_response({
-            "ready": ready, "detail": why, "checked_s_ago": age,
-            "router": {"url": self.cfg.router, "health_status": self.health.router_status},
-            "instances": [{"url": u, "role": r, "up": self.health.up.get(u, False)}
-                          for u, r in self.health.roles.items()],
-            "migrations": self.stats.migrations, "broken_streams": self.stats.broken})  # fmt: skip
+        return web.json_response(
+            {
+                "ready": ready,
+                "detail": why,
+                "checked_s_ago": age,
+                "router": {"url": self.cfg.router, "health_status": self.health.router_status},
+                "instances": [
+                    {"url": u, "role": r, "up": self.health.up.get(u, False)} for u, r in self.health.roles.items()
+                ],
+                "migrations": self.stats.migrations,
+                "broken_streams": self.stats.broken,
+            }
+        )
 
     async def _forward(self, request: Any, body: bytes) -> Any:
         """Any other request (models, tokenize, ...): to the router, a decode instance if the router cannot."""
@@ -433,8 +458,9 @@ class Gateway:
         headers = self._fwd_headers(request)
         url = self.cfg.router + request.path_qs
         try:
-            async with self._session.request(request.method, url, data=body or None, headers=headers,
-                                             timeout=self._timeout()) as r:  # fmt: skip
+            async with self._session.request(
+                request.method, url, data=body or None, headers=headers, timeout=self._timeout()
+            ) as r:
                 data = await r.read()
                 if not (self.cfg.degraded_fallback and self._fallback_status(r.status)):
                     return web.Response(body=data, status=r.status, content_type=r.content_type)
@@ -443,11 +469,13 @@ class Gateway:
                 return self._error(502, f"the router at {self.cfg.router} could not be reached")
         for dec in self.health.decodes():
             try:
-                async with self._session.request(request.method, dec + request.path_qs, data=body or None,
-                                                 headers=headers, timeout=self._timeout()) as r:  # fmt: skip
+                async with self._session.request(
+                    request.method, dec + request.path_qs, data=body or None, headers=headers, timeout=self._timeout()
+                ) as r:
                     data = await r.read()
-                    return web.Response(body=data, status=r.status, content_type=r.content_type,
-                                        headers=dict([DEGRADED_HEADER]))  # fmt: skip
+                    return web.Response(
+                        body=data, status=r.status, content_type=r.content_type, headers=dict([DEGRADED_HEADER])
+                    )
             except Exception:  # noqa: BLE001
                 self.health.leave_out(dec)
         self.stats.bump(self.stats.failed, "no_instance")
@@ -484,12 +512,15 @@ class Gateway:
         self.stats.bump(self.stats.requests, (route, str(stream).lower()))
         if resp is None:
             self.stats.bump(self.stats.failed, "no_instance")
-            return self._error(503, "no instance could serve the request: the router and every decode instance "
-                               "failed (see /health/detail)")  # fmt: skip
+            return self._error(
+                503,
+                "no instance could serve the request: the router and every decode instance failed (see /health/detail)",
+            )
         if resp.status != 200 or not stream:
             return await self._whole(request, resp, up_body, headers, extra, retry=resp.status == 200)
-        out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                      "Cache-Control": "no-cache", **extra})  # fmt: skip
+        out = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **extra}
+        )
         await out.prepare(request)
         tracker = Tracker(chat=chat, client_ids=bool(payload.get("return_token_ids")))
         await self._relay(resp, out, tracker, replay=False)
@@ -502,8 +533,9 @@ class Gateway:
             await out.write(b"data: [DONE]\n\n")
         return out
 
-    async def _whole(self, request: Any, resp: Any, body: bytes, headers: dict[str, str], extra: dict,
-                     retry: bool) -> Any:  # fmt: skip
+    async def _whole(
+        self, request: Any, resp: Any, body: bytes, headers: dict[str, str], extra: dict, retry: bool
+    ) -> Any:
         """A whole (non-streamed or error) answer; one whose body broke off is sent again to a decode instance."""
         import aiohttp
         from aiohttp import web
@@ -511,8 +543,7 @@ class Gateway:
         for attempt in range(self.cfg.migration_attempts + 1):
             try:
                 data = await resp.read()
-                return web.Response(body=data, status=resp.status, content_type=resp.content_type,
-                                    headers=extra)  # fmt: skip
+                return web.Response(body=data, status=resp.status, content_type=resp.content_type, headers=extra)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 resp.release()
                 if not retry or attempt == self.cfg.migration_attempts:
@@ -558,9 +589,11 @@ class Gateway:
 
     async def _break(self, out: Any, tracker: Tracker, reason: str) -> None:
         self.stats.bump(self.stats.broken, reason)
-        why = {"not_replayable": "the request cannot be replayed (n > 1, tools, a grammar or logprobs)",
-               "no_decode_left": "no decode instance is left to continue it",
-               "attempts_exhausted": f"{self.cfg.migration_attempts} replays failed"}[reason]  # fmt: skip
+        why = {
+            "not_replayable": "the request cannot be replayed (n > 1, tools, a grammar or logprobs)",
+            "no_decode_left": "no decode instance is left to continue it",
+            "attempts_exhausted": f"{self.cfg.migration_attempts} replays failed",
+        }[reason]
         detail = f" ({tracker.error})" if tracker.error else ""
         message = f"the stream broke off after {len(tracker.generated)} tokens{detail}: {why}"
         log(f"stream {tracker.head.get('id', '?')}: {message}")
@@ -589,9 +622,11 @@ class Gateway:
                 if payload.get("min_tokens"):
                     body["min_tokens"] = max(0, int(payload["min_tokens"]) - len(tracker.generated))
                 path, replay = "/v1/completions", True
-            log(f"stream {tracker.head.get('id', '?')} broke off after {broke_at} tokens"
+            log(
+                f"stream {tracker.head.get('id', '?')} broke off after {broke_at} tokens"
                 f"{f' ({tracker.error})' if tracker.error else ''}: replaying it from token {len(tracker.generated)}"
-                " on a decode instance")  # fmt: skip
+                " on a decode instance"
+            )
             resp, url = await self._on_decode(path, json.dumps(body).encode(), self._instance_headers())
             if resp is None:
                 self.stats.bump(self.stats.migrations, "failed")
@@ -619,8 +654,9 @@ class Gateway:
     async def _detokenize(self, url: str, model: Any, tokens: list[int]) -> str | None:
         try:
             body = {"model": model, "tokens": tokens}
-            async with self._session.post(url + "/detokenize", headers=self._instance_headers(), json=body,
-                                          timeout=self._timeout()) as r:  # fmt: skip
+            async with self._session.post(
+                url + "/detokenize", headers=self._instance_headers(), json=body, timeout=self._timeout()
+            ) as r:
                 return str((await r.json()).get("prompt", "")) if r.status == 200 else None
         except Exception:  # noqa: BLE001 - no text to align with: the caller replays from the start
             return None
@@ -673,8 +709,9 @@ class Gateway:
         import aiohttp
         from aiohttp import web
 
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-                                              auto_decompress=False)  # fmt: skip
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), auto_decompress=False
+        )
         await self.health.check_once(self._session)
         self._task = asyncio.create_task(self.health.run(self._session))
         self._runner = web.AppRunner(self.app(), access_log=None)
@@ -693,8 +730,11 @@ class Gateway:
 async def serve(cfg: Config) -> None:
     gw = Gateway(cfg)
     await gw.start()
-    print(f"pdinfra gateway on {cfg.host}:{cfg.port} -> {cfg.router} ({cfg.layout}); decode {', '.join(cfg.decode)};"
-          f" migration attempts {cfg.migration_attempts}", flush=True)  # fmt: skip
+    print(
+        f"pdinfra gateway on {cfg.host}:{cfg.port} -> {cfg.router} ({cfg.layout}); decode {', '.join(cfg.decode)};"
+        f" migration attempts {cfg.migration_attempts}",
+        flush=True,
+    )
     try:
         await asyncio.Event().wait()
     finally:

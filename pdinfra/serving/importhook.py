@@ -31,8 +31,11 @@ class _Loader(importlib.abc.Loader):
             try:
                 cb(module)
             except Exception as exc:  # noqa: BLE001 - a hook must never make the import fail
-                print(f"pdinfra import hook on {module.__name__}: {type(exc).__name__}: {exc} (left unpatched)",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"pdinfra import hook on {module.__name__}: {type(exc).__name__}: {exc} (left unpatched)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 class _Finder(importlib.abc.MetaPathFinder):

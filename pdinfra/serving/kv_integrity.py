@@ -27,17 +27,20 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pdinfra.cluster import connectors
 from pdinfra.cluster.model import Cluster
-from pdinfra.serving import smoke
+from pdinfra.serving import client, smoke
 
 NAME = "KV integrity: P->D equals the decode instance's own computation"
 FRACTIONS = (0.25, 0.5, 0.9)  # of max_model_len, beside one KV block
 LOGPROB_TOLERANCE = 0.05  # nats, per generated token
 MAX_TOKENS = 8
-REMEDY = ("The decode answered from KV that is not the prompt's: check that every instance runs the same model, "
-          "dtype and block size (`pdinfra validate`, serving.pd_consistency), the connector's transfer errors in the "
-          "decode's journal, and the UCX path (`pdinfra validate --transfer`; UCX_NET_DEVICES on RDMA hosts). "
-          "Restart the pair's instances, decode first, and run `pdinfra smoke`.")  # fmt: skip
+REMEDY = (
+    "The decode answered from KV that is not the prompt's: check that every instance runs the same model, "
+    "dtype and block size (`pdinfra validate`, serving.pd_consistency), the connector's transfer errors in the "
+    "decode's journal, and the UCX path (`pdinfra validate --transfer`; UCX_NET_DEVICES on RDMA hosts). "
+    "Restart the pair's instances, decode first, and run `pdinfra smoke`."
+)
 
 
 @dataclass
@@ -58,8 +61,12 @@ class Integrity:
         return bool(self.cases) and all(c.ok for c in self.cases)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "ran": self.ran, "tolerance": LOGPROB_TOLERANCE,
-                "cases": [asdict(c) for c in self.cases]}  # fmt: skip
+        return {
+            "ok": self.ok,
+            "ran": self.ran,
+            "tolerance": LOGPROB_TOLERANCE,
+            "cases": [asdict(c) for c in self.cases],
+        }
 
     def summary(self) -> str:
         bad = [c for c in self.cases if not c.ok]
@@ -69,8 +76,10 @@ class Integrity:
             return "; ".join(f"{c.pair} {c.tokens} tokens: {c.evidence}" for c in bad[:12])
         lengths = sorted({c.tokens for c in self.cases})
         pairs = sorted({c.pair for c in self.cases})
-        return (f"{len(self.cases)}/{len(self.cases)} equal: {', '.join(pairs)} at {', '.join(map(str, lengths))} "
-                f"prompt tokens (greedy tokens equal, logprobs within {LOGPROB_TOLERANCE}, KV moved for each)")
+        return (
+            f"{len(self.cases)}/{len(self.cases)} equal: {', '.join(pairs)} at {', '.join(map(str, lengths))} "
+            f"prompt tokens (greedy tokens equal, logprobs within {LOGPROB_TOLERANCE}, KV moved for each)"
+        )
 
 
 def lengths(max_model_len: int, block_size: int, max_tokens: int = MAX_TOKENS) -> list[int]:
@@ -99,24 +108,26 @@ def prompt_ids(base: list[int], n: int, offset: int) -> list[int]:
     return [base[(offset + k) % len(base)] for k in range(n)]
 
 
-def transfers(url: str, timeout: float, connector: str = "nixl") -> tuple[float, float]:
-    """(transfers, failed transfers) of a decode instance; under Mooncake, whose connector exports no transfer
-    metric, (prompt tokens taken from the KV transfer, 0)."""
-    vals = smoke.parse_metrics(smoke.get_text(url.rstrip("/") + "/metrics", timeout=timeout))
-    if connector == "mooncake":
-        return smoke.external_tokens(vals), 0.0
-    return smoke.metric(vals, *smoke.XFER_COUNT), smoke.metric(vals, *smoke.XFER_FAILED)
+def transfers(url: str, timeout: float, connector: str = connectors.DEFAULT) -> tuple[float, float]:
+    """(KV moved, failed transfers) of a decode instance, as its connector counts them (pdinfra.cluster.connectors:
+    NIXL's transfers; Mooncake, which exports no transfer metric, the prompt tokens taken from the transfer)."""
+    vals = client.parse_metrics(client.get_text(url.rstrip("/") + "/metrics", timeout=timeout))
+    return connectors.get(connector).moved(vals)
 
 
 def moved_what(connector: str) -> str:
     """What :func:`transfers` counts."""
-    return "prompt tokens moved by Mooncake" if connector == "mooncake" else "NIXL transfers"
+    return connectors.get(connector).moved_what
 
 
 def base_tokens(decode_url: str, model: str, api_key: str, timeout: float) -> list[int]:
     """A text's token IDs, from the decode instance's own tokenizer (``/tokenize``)."""
-    out = smoke.post_json(decode_url + "/tokenize", {"model": model, "prompt": smoke.LONG_PROMPT,
-                                                     "add_special_tokens": False}, api_key, timeout)  # fmt: skip
+    out = client.post_json(
+        decode_url + "/tokenize",
+        {"model": model, "prompt": smoke.LONG_PROMPT, "add_special_tokens": False},
+        api_key,
+        timeout,
+    )
     return [int(t) for t in out["tokens"]]
 
 
@@ -134,10 +145,13 @@ def compare(pd: dict | None, own: dict, tolerance: float = LOGPROB_TOLERANCE) ->
     if not own_ids:
         return False, "the decode instance's own answer has no token IDs (return_token_ids unsupported?)"
     if pd_ids != own_ids:
-        k = next((i for i, (a, b) in enumerate(zip(pd_ids, own_ids, strict=False)) if a != b),
-                 min(len(pd_ids), len(own_ids)))  # fmt: skip
-        return False, (f"greedy tokens differ from token {k}: P->D {pd_ids[k:k + 4]} vs own {own_ids[k:k + 4]} "
-                       f"({len(pd_ids)} and {len(own_ids)} tokens)")  # fmt: skip
+        k = next(
+            (i for i, (a, b) in enumerate(zip(pd_ids, own_ids, strict=False)) if a != b), min(len(pd_ids), len(own_ids))
+        )
+        return False, (
+            f"greedy tokens differ from token {k}: P->D {pd_ids[k : k + 4]} vs own {own_ids[k : k + 4]} "
+            f"({len(pd_ids)} and {len(own_ids)} tokens)"
+        )
     diffs = [abs(a - b) for a, b in zip(pd_lp, own_lp, strict=False) if a is not None and b is not None]
     if len(diffs) != len(own_ids):
         return False, f"logprobs missing: {len(diffs)} comparable of {len(own_ids)} tokens"
@@ -147,8 +161,16 @@ def compare(pd: dict | None, own: dict, tolerance: float = LOGPROB_TOLERANCE) ->
     return True, f"{len(own_ids)} tokens equal, logprobs within {worst:.4f}"
 
 
-def check_pair(cluster: Cluster, prefill_url: str, decode_url: str, pair: str, api_key: str, timeout: float,
-               base: list[int], sizes: list[int]) -> list[Case]:  # fmt: skip
+def check_pair(
+    cluster: Cluster,
+    prefill_url: str,
+    decode_url: str,
+    pair: str,
+    api_key: str,
+    timeout: float,
+    base: list[int],
+    sizes: list[int],
+) -> list[Case]:
     """Every prompt length over one P->D pair."""
     cases = []
     bootstrap = cluster.bootstrap().get(prefill_url, "")
@@ -159,11 +181,13 @@ def check_pair(cluster: Cluster, prefill_url: str, decode_url: str, pair: str, a
                 "return_token_ids": True, "ignore_eos": True}  # fmt: skip
         try:
             before = transfers(decode_url, timeout, cluster.connector)
-            pd = smoke.two_stage(prefill_url, decode_url, body | {"cache_salt": uuid.uuid4().hex}, api_key,
-                                 timeout, bootstrap=bootstrap)  # fmt: skip
+            pd = client.two_stage(
+                prefill_url, decode_url, body | {"cache_salt": uuid.uuid4().hex}, api_key, timeout, bootstrap=bootstrap
+            )
             after = transfers(decode_url, timeout, cluster.connector)
-            own = smoke.post_json(decode_url + "/v1/completions", body | {"cache_salt": uuid.uuid4().hex},
-                                  api_key, timeout)  # fmt: skip
+            own = client.post_json(
+                decode_url + "/v1/completions", body | {"cache_salt": uuid.uuid4().hex}, api_key, timeout
+            )
         except (OSError, ValueError, KeyError) as exc:  # URLError, HTTPError, resets and timeouts are OSErrors
             cases.append(Case(pair, n, False, f"{type(exc).__name__}: {exc}"))
             continue
@@ -174,8 +198,15 @@ def check_pair(cluster: Cluster, prefill_url: str, decode_url: str, pair: str, a
         moved, failed = after[0] - before[0], after[1] - before[1]
         what = moved_what(cluster.connector)
         if moved < 1 or failed > 0:
-            cases.append(Case(pair, n, False, f"{why}; but {what} +{moved:.0f}, failed +{failed:.0f}: the KV did not "
-                              "move, the decode computed the prompt itself"))  # fmt: skip
+            cases.append(
+                Case(
+                    pair,
+                    n,
+                    False,
+                    f"{why}; but {what} +{moved:.0f}, failed +{failed:.0f}: the KV did not "
+                    "move, the decode computed the prompt itself",
+                )
+            )
             continue
         cases.append(Case(pair, n, same, f"{why}; {what} +{moved:.0f}"))
     return cases
@@ -185,8 +216,9 @@ def applies(cluster: Cluster) -> str:
     """Why the check does not apply to this cluster ("" when it does)."""
     if cluster.layout != "pd":
         return f"layout {cluster.layout}: no KV moves between instances"
-    if cluster.connector == "lmcache":
-        return "LMCache PD: its proxy's protocol is not the two-stage one this check sends (not covered)"
+    conn = connectors.get(cluster.connector)
+    if not conn.two_stage:
+        return f"{conn.title} PD: its router's protocol is not the two-stage one this check sends (not covered)"
     if not cluster.by_role("prefill") or not cluster.by_role("decode"):
         return "no prefill -> decode pair"
     return ""

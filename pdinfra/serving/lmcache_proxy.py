@@ -69,14 +69,22 @@ class Config:
             raise ValueError("the LMCache proxy needs at least one prefill and one decode instance")
         for x in dec:
             if not x.init_ports or len(x.init_ports) != len(x.alloc_ports):
-                raise ValueError(f"decode {x.url}: one init and one alloc port per TP rank, got {x.init_ports} and "
-                                 f"{x.alloc_ports}")  # fmt: skip
-        return cls(host=d["host"], port=int(d["port"]), notify_host=d["notify_host"], notify_port=int(d["notify_port"]),
-                   prefill=tuple(d["prefill"]), decode=dec, api_key=d.get("api_key", ""),
-                   notify_timeout_s=float(d.get("notify_timeout_s", 30.0)),
-                   request_timeout_s=float(d.get("request_timeout_s", 300.0)),
-                   metrics_host=d.get("metrics_host"),
-                   metrics_port=int(d["metrics_port"]) if d.get("metrics_port") else None)  # fmt: skip
+                raise ValueError(
+                    f"decode {x.url}: one init and one alloc port per TP rank, got {x.init_ports} and {x.alloc_ports}"
+                )
+        return cls(
+            host=d["host"],
+            port=int(d["port"]),
+            notify_host=d["notify_host"],
+            notify_port=int(d["notify_port"]),
+            prefill=tuple(d["prefill"]),
+            decode=dec,
+            api_key=d.get("api_key", ""),
+            notify_timeout_s=float(d.get("notify_timeout_s", 30.0)),
+            request_timeout_s=float(d.get("request_timeout_s", 300.0)),
+            metrics_host=d.get("metrics_host"),
+            metrics_port=int(d["metrics_port"]) if d.get("metrics_port") else None,
+        )
 
 
 class ProxyError(Exception):
@@ -95,15 +103,21 @@ class Stats:
 
     def text(self) -> str:
         lines = ["# TYPE pdinfra_lmcache_proxy_requests_total counter"]
-        lines += [f'pdinfra_lmcache_proxy_requests_total{{outcome="{k}"}} {v}'
-                  for k, v in sorted(self.requests.items())]  # fmt: skip
+        lines += [
+            f'pdinfra_lmcache_proxy_requests_total{{outcome="{k}"}} {v}' for k, v in sorted(self.requests.items())
+        ]
         lines += ["# TYPE pdinfra_lmcache_proxy_backend_errors_total counter"]
-        lines += [f'pdinfra_lmcache_proxy_backend_errors_total{{backend="{k}"}} {v}'
-                  for k, v in sorted(self.backend_errors.items())]  # fmt: skip
-        lines += ["# TYPE pdinfra_lmcache_proxy_in_flight gauge", f"pdinfra_lmcache_proxy_in_flight {self.in_flight}",
-                  "# TYPE pdinfra_lmcache_proxy_kv_wait_seconds summary",
-                  f"pdinfra_lmcache_proxy_kv_wait_seconds_sum {self.notify_wait_s:.6f}",
-                  f"pdinfra_lmcache_proxy_kv_wait_seconds_count {self.notify_count}"]  # fmt: skip
+        lines += [
+            f'pdinfra_lmcache_proxy_backend_errors_total{{backend="{k}"}} {v}'
+            for k, v in sorted(self.backend_errors.items())
+        ]
+        lines += [
+            "# TYPE pdinfra_lmcache_proxy_in_flight gauge",
+            f"pdinfra_lmcache_proxy_in_flight {self.in_flight}",
+            "# TYPE pdinfra_lmcache_proxy_kv_wait_seconds summary",
+            f"pdinfra_lmcache_proxy_kv_wait_seconds_sum {self.notify_wait_s:.6f}",
+            f"pdinfra_lmcache_proxy_kv_wait_seconds_count {self.notify_count}",
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -158,14 +172,16 @@ class Proxy:
             async with self._session.post(url, json=body, headers=self._headers()) as resp:
                 text = await resp.text()
                 if resp.status != 200:
-                    raise ProxyError(resp.status, "backend_error", f"{what} {url} answered HTTP {resp.status}: "
-                                     f"{text[:300]}")  # fmt: skip
+                    raise ProxyError(
+                        resp.status, "backend_error", f"{what} {url} answered HTTP {resp.status}: {text[:300]}"
+                    )
                 return json.loads(text)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             base = url.split("/v1/")[0].split("/tokenize")[0]
             self.stats.backend_errors[base] = self.stats.backend_errors.get(base, 0) + 1
-            raise ProxyError(502, "backend_unavailable",
-                             f"{what} {base} unreachable: {type(exc).__name__}: {exc}") from None  # fmt: skip
+            raise ProxyError(
+                502, "backend_unavailable", f"{what} {base} unreachable: {type(exc).__name__}: {exc}"
+            ) from None
 
     # ------------------------------------------------------------------ one request
     async def handle(self, body: dict, chat: bool) -> tuple[dict, Any]:
@@ -173,16 +189,29 @@ class Proxy:
         cfg = self.cfg
         prefill = cfg.prefill[next(self._rr_p) % len(cfg.prefill)]
         dec = cfg.decode[next(self._rr_d) % len(cfg.decode)]
-        tok_body = {"model": body.get("model"), "messages": body["messages"]} if chat else {
-            "model": body.get("model"), "prompt": body.get("prompt", "")}  # fmt: skip
+        tok_body = (
+            {"model": body.get("model"), "messages": body["messages"]}
+            if chat
+            else {"model": body.get("model"), "prompt": body.get("prompt", "")}
+        )
         tokens = (await self._post(prefill + "/tokenize", tok_body, "prefill"))["tokens"]
         req_id = f"pdinfra-{uuid.uuid4().hex}"
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         stage1 = {k: v for k, v in body.items() if k not in ("messages", "stream_options", "max_completion_tokens")}
-        stage1 |= {"prompt": tokens, "max_tokens": 1, "stream": False, "kv_transfer_params": {
-            "ret_first_tok": True, "disagg_spec": {"req_id": req_id, "receiver_host": dec.host,
-                                                   "receiver_init_port": list(dec.init_ports),
-                                                   "receiver_alloc_port": list(dec.alloc_ports)}}}  # fmt: skip
+        stage1 |= {
+            "prompt": tokens,
+            "max_tokens": 1,
+            "stream": False,
+            "kv_transfer_params": {
+                "ret_first_tok": True,
+                "disagg_spec": {
+                    "req_id": req_id,
+                    "receiver_host": dec.host,
+                    "receiver_init_port": list(dec.init_ports),
+                    "receiver_alloc_port": list(dec.alloc_ports),
+                },
+            },
+        }
         event = asyncio.Event()
         left = [len(dec.init_ports) - self._early.pop(req_id, 0)]
         if left[0] <= 0:
@@ -194,17 +223,25 @@ class Proxy:
             try:
                 await asyncio.wait_for(event.wait(), cfg.notify_timeout_s)
             except asyncio.TimeoutError:
-                raise ProxyError(504, "kv_not_transferred", f"prefill {prefill} did not report the KV of {req_id} "
-                                 f"written to decode {dec.url} within {cfg.notify_timeout_s:g} s "
-                                 f"({left[0]} of {len(dec.init_ports)} TP ranks missing)") from None  # fmt: skip
+                raise ProxyError(
+                    504,
+                    "kv_not_transferred",
+                    f"prefill {prefill} did not report the KV of {req_id} "
+                    f"written to decode {dec.url} within {cfg.notify_timeout_s:g} s "
+                    f"({left[0]} of {len(dec.init_ports)} TP ranks missing)",
+                ) from None
             self.stats.notify_wait_s += time.monotonic() - t0
             self.stats.notify_count += 1
         finally:
             self._waiting.pop(req_id, None)
         params = first.get("kv_transfer_params") or {}
         if "first_tok" not in params:
-            raise ProxyError(502, "backend_error", f"prefill {prefill} returned no first_tok in kv_transfer_params "
-                             "(is it an LMCache sender with enable_pd?)")  # fmt: skip
+            raise ProxyError(
+                502,
+                "backend_error",
+                f"prefill {prefill} returned no first_tok in kv_transfer_params "
+                "(is it an LMCache sender with enable_pd?)",
+            )
         stage2 = {k: v for k, v in body.items() if k not in ("messages", "kv_transfer_params", "max_completion_tokens")}
         stage2 |= {"prompt": tokens + [params["first_tok"]], "max_tokens": max_tokens - 1}
         return first, (dec.url, stage2)
@@ -233,8 +270,10 @@ class Proxy:
                 text = first_text + (out.get("choices") or [{}])[0].get("text", "")
                 usage = out.get("usage") or {}
                 if usage:
-                    usage = usage | {"prompt_tokens": usage.get("prompt_tokens", 1) - 1,
-                                     "completion_tokens": usage.get("completion_tokens", 0) + 1}  # fmt: skip
+                    usage = usage | {
+                        "prompt_tokens": usage.get("prompt_tokens", 1) - 1,
+                        "completion_tokens": usage.get("completion_tokens", 0) + 1,
+                    }
                 self._count("ok")
                 return web.json_response(_shape(out | {"usage": usage}, text, chat))
             return await self._stream(request, first, first_text, decode_url, stage2, chat)
@@ -244,19 +283,24 @@ class Proxy:
         finally:
             self.stats.in_flight -= 1
 
-    async def _stream(self, request: Any, first: dict, first_text: str, decode_url: str, stage2: dict,
-                      chat: bool) -> Any:  # fmt: skip
+    async def _stream(
+        self, request: Any, first: dict, first_text: str, decode_url: str, stage2: dict, chat: bool
+    ) -> Any:
         import aiohttp
         from aiohttp import web
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         started = False
         try:
-            async with self._session.post(decode_url + "/v1/completions", json=stage2 | {"stream": True},
-                                          headers=self._headers()) as up:  # fmt: skip
+            async with self._session.post(
+                decode_url + "/v1/completions", json=stage2 | {"stream": True}, headers=self._headers()
+            ) as up:
                 if up.status != 200:
-                    raise ProxyError(up.status, "backend_error", f"decode {decode_url} answered HTTP {up.status}: "
-                                     f"{(await up.text())[:300]}")  # fmt: skip
+                    raise ProxyError(
+                        up.status,
+                        "backend_error",
+                        f"decode {decode_url} answered HTTP {up.status}: {(await up.text())[:300]}",
+                    )
                 await resp.prepare(request)
                 started = True
                 await resp.write(_sse(_chunk(first, first_text, chat)))
@@ -274,11 +318,20 @@ class Proxy:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self.stats.backend_errors[decode_url] = self.stats.backend_errors.get(decode_url, 0) + 1
             if not started:
-                raise ProxyError(502, "backend_unavailable", f"decode {decode_url} unreachable: "
-                                 f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+                raise ProxyError(
+                    502, "backend_unavailable", f"decode {decode_url} unreachable: {type(exc).__name__}: {exc}"
+                ) from None
             self._count("stream_broken")
-            await resp.write(_sse({"error": {"message": f"decode {decode_url} broke the stream: {exc}",
-                                             "type": "backend_unavailable"}}))  # fmt: skip
+            await resp.write(
+                _sse(
+                    {
+                        "error": {
+                            "message": f"decode {decode_url} broke the stream: {exc}",
+                            "type": "backend_unavailable",
+                        }
+                    }
+                )
+            )
             return resp
         self._count("ok")
         return resp
@@ -322,8 +375,9 @@ class Proxy:
         sock = self._zmq.socket(zmq.PULL)
         sock.bind(f"tcp://{self.cfg.notify_host}:{self.cfg.notify_port}")
         self._task = asyncio.create_task(self._listen(sock))
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s,
-                                                                            connect=10))  # fmt: skip
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s, connect=10)
+        )
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._completions)
@@ -381,8 +435,11 @@ def _sse(obj: dict) -> bytes:
 async def serve(cfg: Config) -> None:
     proxy = Proxy(cfg)
     await proxy.start()
-    print(f"pdinfra lmcache proxy on {cfg.host}:{cfg.port}, notifications on {cfg.notify_host}:{cfg.notify_port}; "
-          f"prefill {', '.join(cfg.prefill)}; decode {', '.join(d.url for d in cfg.decode)}", flush=True)  # fmt: skip
+    print(
+        f"pdinfra lmcache proxy on {cfg.host}:{cfg.port}, notifications on {cfg.notify_host}:{cfg.notify_port}; "
+        f"prefill {', '.join(cfg.prefill)}; decode {', '.join(d.url for d in cfg.decode)}",
+        flush=True,
+    )
     try:
         await asyncio.Event().wait()
     finally:

@@ -23,8 +23,9 @@ from pdinfra.serving import importhook
 
 TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
 CLASS = "MooncakeConnectorWorker"
-MESSAGE = ("pdinfra: no accelerator: MooncakeConnectorWorker gets device index 0 (the CPU) "
-           "(pdinfra.serving.mooncake_cpu)")  # fmt: skip
+MESSAGE = (
+    "pdinfra: no accelerator: MooncakeConnectorWorker gets device index 0 (the CPU) (pdinfra.serving.mooncake_cpu)"
+)
 
 
 def _patch(module: object) -> None:

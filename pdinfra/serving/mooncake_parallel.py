@@ -33,8 +33,10 @@ from pdinfra.serving import importhook
 TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
 CLASS = "MooncakeConnectorScheduler"
 REMEMBER = 4096  # transfer ids kept per scheduler: far more than requests in flight
-MESSAGE = ("pdinfra: request {req} shares transfer {tid} with {first} (n > 1): it computes its prompt on this "
-           "decode instance instead of pulling the KV again (pdinfra.serving.mooncake_parallel)")  # fmt: skip
+MESSAGE = (
+    "pdinfra: request {req} shares transfer {tid} with {first} (n > 1): it computes its prompt on this "
+    "decode instance instead of pulling the KV again (pdinfra.serving.mooncake_parallel)"
+)
 
 
 def _patch(module: object) -> None:

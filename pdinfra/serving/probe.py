@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdinfra.cluster import connectors
 from pdinfra.cluster.model import NODE_FILE, Cluster
-from pdinfra.serving import kv_integrity, smoke
+from pdinfra.serving import client, kv_integrity
 
 STATE_DIR = "/var/lib/pdinfra/probe"
 SCHEMA = "pdinfra-probe/1"
@@ -68,8 +69,14 @@ class ProbeResult:
         return out
 
 
-def integrity(cluster: Cluster, api_key: str, timeout: float, interval_s: float, previous: dict | None,
-              instance: str | None = None) -> dict[str, Any]:  # fmt: skip
+def integrity(
+    cluster: Cluster,
+    api_key: str,
+    timeout: float,
+    interval_s: float,
+    previous: dict | None,
+    instance: str | None = None,
+) -> dict[str, Any]:
     """The KV integrity section: run when the previous one is older than ``interval_s`` (or failed, or is for
     another instance's pairs), else the previous carried over."""
     why = kv_integrity.applies(cluster)
@@ -81,16 +88,21 @@ def integrity(cluster: Cluster, api_key: str, timeout: float, interval_s: float,
     if instance is None and fresh and prev.get("ok") and not prev.get("instance") and prev.get("plan") == plan:
         return prev
     res = kv_integrity.run(cluster, api_key, max(timeout, 60.0), instance=instance)
-    return res.to_dict() | {"interval_s": interval_s, "summary": res.summary(), "plan": plan,
-                            **({"instance": instance} if instance else {})}  # fmt: skip
+    return res.to_dict() | {
+        "interval_s": interval_s,
+        "summary": res.summary(),
+        "plan": plan,
+        **({"instance": instance} if instance else {}),
+    }
 
 
 def _prompt() -> str:
     return f"pdinfra deep-health probe {uuid.uuid4().hex}: {_FILLER}"
 
 
-def _delta(before: dict[str, tuple[float, float]], urls: list[str], timeout: float,
-           connector: str = "nixl") -> tuple[float, float]:  # fmt: skip
+def _delta(
+    before: dict[str, tuple[float, float]], urls: list[str], timeout: float, connector: str = connectors.DEFAULT
+) -> tuple[float, float]:
     count = failed = 0.0
     for u in urls:
         c, f = kv_integrity.transfers(u, timeout, connector)
@@ -105,12 +117,12 @@ def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
     t0 = time.monotonic()
     try:
         before = {u: kv_integrity.transfers(u, timeout, cluster.connector) for u in decodes}
-        out = smoke.post_json(cluster.router.url + "/v1/completions", body, api_key, timeout)
+        out = client.post_json(cluster.router.url + "/v1/completions", body, api_key, timeout)
         tokens = out.get("usage", {}).get("completion_tokens", 0)
         count, failed = _delta(before, decodes, timeout, cluster.connector) if cluster.layout == "pd" else (1.0, 0.0)
     except (OSError, ValueError, KeyError) as exc:  # URLError, HTTPError, resets and timeouts are OSErrors
         return PathResult("router", False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
-    unfinished = smoke.not_finished(out)
+    unfinished = client.not_finished(out)
     ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
     why = f"{tokens} token(s); decode {kv_integrity.moved_what(cluster.connector)} +{count:.0f}, failed +{failed:.0f}"
     if unfinished:
@@ -120,42 +132,59 @@ def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
     return PathResult("router", ok, round(time.monotonic() - t0, 3), why)
 
 
-def probe_pair(cluster: Cluster, prefill_url: str, decode_url: str, name: str, api_key: str,
-               timeout: float) -> PathResult:  # fmt: skip
+def probe_pair(
+    cluster: Cluster, prefill_url: str, decode_url: str, name: str, api_key: str, timeout: float
+) -> PathResult:
     """One P->D pair with the router's own two-step protocol (vllm-router's vllm_pd_router.rs)."""
     prompt = _prompt()
     t0 = time.monotonic()
     try:
         before = {decode_url: kv_integrity.transfers(decode_url, timeout, cluster.connector)}
         body = {"model": cluster.model.name, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-        out = smoke.two_stage(prefill_url, decode_url, body, api_key, timeout,
-                              bootstrap=cluster.bootstrap().get(prefill_url, ""))  # fmt: skip
+        out = client.two_stage(
+            prefill_url, decode_url, body, api_key, timeout, bootstrap=cluster.bootstrap().get(prefill_url, "")
+        )
         if out is None:
-            return PathResult(name, False, round(time.monotonic() - t0, 3),
-                              "the prefill instance returned no kv_transfer_params (is it a kv_producer?)")  # fmt: skip
+            return PathResult(
+                name,
+                False,
+                round(time.monotonic() - t0, 3),
+                "the prefill instance returned no kv_transfer_params (is it a kv_producer?)",
+            )
         tokens = out.get("usage", {}).get("completion_tokens", 0)
         count, failed = _delta(before, [decode_url], timeout, cluster.connector)
     except (OSError, ValueError, KeyError) as exc:
         return PathResult(name, False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
-    unfinished = smoke.not_finished(out)
+    unfinished = client.not_finished(out)
     ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
     what = kv_integrity.moved_what(cluster.connector)
-    return PathResult(name, ok, round(time.monotonic() - t0, 3),
-                      f"{tokens} token(s); {what} +{count:.0f}, failed +{failed:.0f}"
-                      + (f"; finish_reason {unfinished}" if unfinished else ""))  # fmt: skip
+    return PathResult(
+        name,
+        ok,
+        round(time.monotonic() - t0, 3),
+        f"{tokens} token(s); {what} +{count:.0f}, failed +{failed:.0f}"
+        + (f"; finish_reason {unfinished}" if unfinished else ""),
+    )
 
 
-def run(cluster: Cluster, api_key: str = "", timeout: float = 20.0, pairs: bool = True,
-        instance: str | None = None, integrity_interval_s: float | None = None,
-        previous: dict | None = None) -> ProbeResult:  # fmt: skip
+def run(
+    cluster: Cluster,
+    api_key: str = "",
+    timeout: float = 20.0,
+    pairs: bool = True,
+    instance: str | None = None,
+    integrity_interval_s: float | None = None,
+    previous: dict | None = None,
+) -> ProbeResult:
     """Every path; with ``instance``, only the P->D pairs that instance belongs to (a rolling restart's check); with
     ``integrity_interval_s``, the KV integrity check too (see :func:`integrity`)."""
     res = ProbeResult(started=time.time())
     if instance is None:
         res.paths.append(probe_router(cluster, api_key, timeout))
     elif instance not in {i.name for i in cluster.instances}:
-        raise KeyError(f"no instance {instance!r} in the cluster; instances: "
-                       f"{', '.join(i.name for i in cluster.instances)}")  # fmt: skip
+        raise KeyError(
+            f"no instance {instance!r} in the cluster; instances: {', '.join(i.name for i in cluster.instances)}"
+        )
     if pairs and cluster.layout == "pd":
         for p in cluster.by_role("prefill"):
             for d in cluster.by_role("decode"):
@@ -199,8 +228,10 @@ def prometheus_text(res: ProbeResult) -> str:
 def write(res: ProbeResult, out: Path) -> None:
     """Atomically (rename) so a reader never sees half a file."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("last.json", json.dumps(res.to_dict(), indent=1) + "\n"),
-                       ("pdinfra_probe.prom", prometheus_text(res))):  # fmt: skip
+    for name, text in (
+        ("last.json", json.dumps(res.to_dict(), indent=1) + "\n"),
+        ("pdinfra_probe.prom", prometheus_text(res)),
+    ):
         tmp = out / f".{name}.tmp"
         tmp.write_text(text, encoding="utf-8")
         # World-readable whatever the unit's UMask: the node exporter (user prometheus) exports the .prom file and
@@ -216,8 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per HTTP request (default %(default)s)")
     ap.add_argument("--no-pairs", action="store_true", help="only the path through the router")
     ap.add_argument("--instance", help="only the P->D pairs of this instance (no router path)")
-    ap.add_argument("--integrity-interval", type=float, default=None, metavar="S",
-                    help="also the KV integrity check, when its last run is older than S seconds (0: every run)")
+    ap.add_argument(
+        "--integrity-interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="also the KV integrity check, when its last run is older than S seconds (0: every run)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only; leave last.json as it is")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
@@ -227,8 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError):
         previous = None
     try:
-        res = run(cluster, os.environ.get("PDINFRA_API_KEY", ""), a.timeout, pairs=not a.no_pairs, instance=a.instance,
-                  integrity_interval_s=a.integrity_interval, previous=previous)  # fmt: skip
+        res = run(
+            cluster,
+            os.environ.get("PDINFRA_API_KEY", ""),
+            a.timeout,
+            pairs=not a.no_pairs,
+            instance=a.instance,
+            integrity_interval_s=a.integrity_interval,
+            previous=previous,
+        )
     except KeyError as exc:
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return 2

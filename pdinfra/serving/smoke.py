@@ -18,17 +18,16 @@ Three proofs, each recorded with its evidence:
 
 from __future__ import annotations
 
-import json
-import re
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pdinfra.cluster import connectors
 from pdinfra.cluster.model import Cluster
+from pdinfra.serving.client import get_text, metric, not_finished, parse_metrics, post_json, post_stream, scrape
 
 PROMPT = "The prefill instance moves every block of the key-value cache to the decode instance because"
 # About ten KV blocks of 32 tokens with the tiny model's tokenizer: enough blocks that a misplaced one changes the
@@ -38,7 +37,6 @@ LONG_PROMPT = " ".join(
     for i in range(16)
 )
 EQUALITY = "greedy P->D output equals the decode instance's own"
-_METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
 
 
 @dataclass
@@ -53,7 +51,7 @@ class Endpoints:
     store_pair: tuple[str, str] | None = None
     store_metrics: str = ""
     # The KV connector (pdinfra_connector); under mooncake, prefill URL -> its bootstrap server URL.
-    connector: str = "nixl"
+    connector: str = connectors.DEFAULT
     bootstrap: dict[str, str] = field(default_factory=dict)
 
 
@@ -84,180 +82,28 @@ class SmokeResult:
         return data
 
 
-# ----------------------------------------------------------------------------- HTTP helpers
-# Sent with every request of the smoke, the probe and `bench latency`: their proofs are about PD, so the gateway's
-# conditional disaggregation (pdinfra_pd_aggregate_below_bytes), which serves short requests on a decode instance
-# alone, must not take their short prompts off the PD path. Clients can send it too (docs/reliability.md).
-FORCE_PD = ("X-Pdinfra-Route", "pd")
-
-
-def _request(url: str, body: dict | None, api_key: str, timeout: float) -> urllib.request.Request:
-    headers = {"Content-Type": "application/json", FORCE_PD[0]: FORCE_PD[1]}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = json.dumps(body).encode() if body is not None else None
-    return urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-
-
-def post_json(url: str, body: dict, api_key: str = "", timeout: float = 300) -> dict:
-    with urllib.request.urlopen(_request(url, body, api_key, timeout), timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def post_stream(url: str, body: dict, api_key: str = "", timeout: float = 300) -> Iterator[dict]:
-    with urllib.request.urlopen(_request(url, body, api_key, timeout), timeout=timeout) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                return
-            yield json.loads(payload)
-
-
-COMPLETE = ("length", "stop")
-# The prefill stage's kv_transfer_params, as vllm-router's vLLM PD mode sends them (vllm_pd_router.rs): the
-# prefill keeps the request's KV blocks for a decode and answers with the parameters the decode reads them by.
-REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                 "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
-
-
-def two_stage(prefill_url: str, decode_url: str, body: dict, api_key: str = "", timeout: float = 300,
-              bootstrap: str = "") -> dict | None:  # fmt: skip
-    """The router's two stages done by the caller (vllm-router's vllm_pd_router.rs): ``body`` to the prefill with
-    max_tokens 1 and ``do_remote_decode``, then ``body`` to the decode with the prefill's kv_transfer_params; the
-    decode's answer, or None when the prefill returned no parameters (not a NIXL kv_producer). With ``bootstrap``
-    (the prefill's Mooncake bootstrap server URL) the Mooncake connector's protocol instead."""
-    if bootstrap:
-        return two_stage_mooncake(prefill_url, decode_url, bootstrap, body, api_key, timeout)
-    first = body | {"max_tokens": 1, "stream": False, "kv_transfer_params": dict(REMOTE_DECODE)}
-    params = post_json(prefill_url + "/v1/completions", first, api_key, timeout).get("kv_transfer_params")
-    if not params:
-        return None
-    return post_json(decode_url + "/v1/completions", body | {"kv_transfer_params": params}, api_key, timeout)
-
-
-def engine_id(bootstrap: str, timeout: float = 10) -> str:
-    """The prefill's engine id from its Mooncake bootstrap server (``GET /query``: {dp_rank: {engine_id, ...}})."""
-    entries = json.loads(get_text(bootstrap.rstrip("/") + "/query", timeout))
-    if not entries:
-        raise ValueError(f"{bootstrap}/query lists no engine: the prefill's workers have not registered")
-    first = entries.get("0") or next(iter(entries.values()))
-    return str(first["engine_id"])
-
-
-def two_stage_mooncake(prefill_url: str, decode_url: str, bootstrap: str, body: dict, api_key: str = "",
-                       timeout: float = 300) -> dict | None:  # fmt: skip
-    """vLLM's MooncakeConnector protocol, as vllm-router --kv-connector mooncake speaks it: the caller makes a
-    ``transfer_id``; the prefill gets ``do_remote_decode`` with it (and answers no parameters), the decode gets
-    ``do_remote_prefill`` with the prefill's engine id and bootstrap address, and the prefill pushes the blocks into
-    the decode's (../shared/reference/kv-connectors-cpu.md)."""
-    transfer_id = f"pdinfra-{uuid.uuid4().hex}"
-    remote = engine_id(bootstrap, min(timeout, 10))
-    first = body | {"max_tokens": 1, "stream": False, "kv_transfer_params": {
-        "do_remote_decode": True, "do_remote_prefill": False, "transfer_id": transfer_id}}  # fmt: skip
-    post_json(prefill_url + "/v1/completions", first, api_key, timeout)
-    params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": remote,
-              "remote_bootstrap_addr": bootstrap.rstrip("/"), "transfer_id": transfer_id}  # fmt: skip
-    return post_json(decode_url + "/v1/completions", body | {"kv_transfer_params": params}, api_key, timeout)
-
-
-def not_finished(out: dict) -> str | None:
-    """The finish reason of a completion that did not finish (None when it did). vLLM answers HTTP 200 with
-    finish_reason "abort" and the tokens so far for a request its engine aborted while stopping (SIGTERM, vLLM's
-    default --shutdown-timeout 0): a failure, though the status says OK."""
-    reason = str((out.get("choices") or [{}])[0].get("finish_reason"))
-    return None if reason in COMPLETE else reason
-
-
-def get_text(url: str, timeout: float = 10) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.read().decode()
-
-
-# ----------------------------------------------------------------------------- metrics
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text format -> {'name{labels}': value} (and 'name' summed over labels)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _METRIC.match(line)
-        if not m:
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-        out[name + labels] = value
-        out[name] = out.get(name, 0.0) + value if labels else value
-    return out
-
-
-def metric(values: dict[str, float], *names: str) -> float:
-    """First of several spellings present (vLLM renamed some NIXL metrics between releases)."""
-    for n in names:
-        if n in values:
-            return values[n]
-    return 0.0
-
-
-def labelled(values: dict[str, float], name: str, label: str) -> float:
-    return sum(v for k, v in values.items() if k.startswith(name + "{") and label in k)
-
-
 EXTERNAL_HITS = ("vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_hits")
 STORE_KEYS = "master_key_count"
 REUSE_SHARE = 0.8  # of a prompt's tokens the other instance must take from the store
-XFER_COUNT = ("vllm:nixl_xfer_time_seconds_count",)
-XFER_BYTES = ("vllm:nixl_bytes_transferred_sum", "vllm:nixl_bytes_transferred_total", "vllm:nixl_bytes_transferred")
-XFER_FAILED = ("vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_transfers")
-PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+PROMPT_BY_SOURCE = connectors.PROMPT_BY_SOURCE
 
 
-def scrape(urls: list[str]) -> dict[str, float]:
-    """Sum of the metrics of several instances."""
-    total: dict[str, float] = {}
-    for url in urls:
-        for k, v in parse_metrics(get_text(url.rstrip("/") + "/metrics")).items():
-            total[k] = total.get(k, 0.0) + v
-    return total
-
-
-CONNECTOR_NAMES = {"nixl": "NIXL", "mooncake": "Mooncake"}
-
-
-def kv_proof_name(connector: str = "nixl") -> str:
-    return f"KV cache moved prefill -> decode over {CONNECTOR_NAMES.get(connector, connector)}"
+def kv_proof_name(connector: str = connectors.DEFAULT) -> str:
+    return f"KV cache moved prefill -> decode over {connectors.get(connector).title}"
 
 
 def external_tokens(values: dict[str, float]) -> float:
     """Prompt tokens the instances took from a KV transfer (vLLM's ``prompt_tokens_by_source``)."""
-    return labelled(values, PROMPT_BY_SOURCE, 'source="external_kv_transfer"')
+    return connectors.external_tokens(values)
 
 
-def kv_proof(before: dict[str, float], after: dict[str, float], connector: str = "nixl",
-             prompt_tokens: int = 0) -> Proof:  # fmt: skip
-    """NIXL: the decode instances' NIXL counters grew, with bytes and without failures. Mooncake (no transfer
-    metric in vLLM 0.32): the decode instances took both smoke requests' prompts (2 x ``prompt_tokens``) from the
-    transfer (seen on the local cluster: +44 for two 22-token prompts, none computed locally)."""
-    d_ext = external_tokens(after) - external_tokens(before)
-    local = 'source="local_compute"'
-    d_local = labelled(after, PROMPT_BY_SOURCE, local) - labelled(before, PROMPT_BY_SOURCE, local)
-    if connector == "mooncake":
-        return Proof(
-            kv_proof_name(connector),
-            prompt_tokens > 0 and d_ext >= 2 * prompt_tokens,
-            f"decode /metrics: +{d_ext:.0f} prompt tokens from external_kv_transfer, +{d_local:.0f} computed "
-            f"locally (each request's prompt: {prompt_tokens} tokens)",
-        )
-    d_count = metric(after, *XFER_COUNT) - metric(before, *XFER_COUNT)
-    d_bytes = metric(after, *XFER_BYTES) - metric(before, *XFER_BYTES)
-    d_failed = metric(after, *XFER_FAILED) - metric(before, *XFER_FAILED)
-    return Proof(
-        kv_proof_name(connector),
-        d_count >= 2 and d_bytes > 0 and d_failed == 0,
-        f"decode /metrics: +{d_count:.0f} NIXL transfers, +{d_bytes:.0f} bytes, +{d_failed:.0f} failed, "
-        f"+{d_ext:.0f} prompt tokens from external_kv_transfer",
-    )
+def kv_proof(
+    before: dict[str, float], after: dict[str, float], connector: str = connectors.DEFAULT, prompt_tokens: int = 0
+) -> Proof:
+    """The connector's own proof that both smoke requests' KV moved (pdinfra.cluster.connectors: NIXL's transfer
+    counters, Mooncake's prompt tokens from the transfer)."""
+    ok, evidence = connectors.get(connector).proof(before, after, prompt_tokens)
+    return Proof(kv_proof_name(connector), ok, evidence)
 
 
 def reuse_prompt(nonce: str, words: int = 360) -> str:
@@ -306,12 +152,13 @@ def reuse_proof(ep: Endpoints, timeout: float = 300, wait_s: float = 10.0) -> tu
     unfinished = not_finished(second)
     ok = tokens > 0 and hits >= REUSE_SHARE * tokens and texts[0] == texts[1] and not unfinished
     return Proof(
-        name, ok,
+        name,
+        ok,
         f"{src} computed {tokens} prompt tokens (master +{keys:.0f} keys); {dst} took {hits:.0f} of them "
         f"({hits / max(tokens, 1):.0%}) from the store in {times['reuse_ms']:.0f} ms (a cold prompt of the same "
         f"length: {times['cold_ms']:.0f} ms); same text: {texts[0] == texts[1]}"
         + (f"; finish_reason {unfinished}" if unfinished else ""),
-    ), times  # fmt: skip
+    ), times
 
 
 # ----------------------------------------------------------------------------- the smoke run
@@ -345,8 +192,12 @@ def logprobs_proof(ep: Endpoints, timeout: float = 300) -> Proof:
         lp = out["choices"][0].get("logprobs") or {}
         tops = lp.get("top_logprobs") or []
         ok = len(lp.get("tokens") or []) == len(tops) > 0 and all(isinstance(t, dict) and t for t in tops)
-        return Proof(LOGPROBS_PROOF, ok, f"{len(tops)} tokens with top-{max((len(t) for t in tops), default=0)} "
-                     f"logprobs, first {lp.get('token_logprobs', [None])[0]}")  # fmt: skip
+        return Proof(
+            LOGPROBS_PROOF,
+            ok,
+            f"{len(tops)} tokens with top-{max((len(t) for t in tops), default=0)} "
+            f"logprobs, first {lp.get('token_logprobs', [None])[0]}",
+        )
     except urllib.error.HTTPError as exc:
         return Proof(LOGPROBS_PROOF, False, f"HTTP {exc.code}: {_body(exc)[:300]}")
     except (OSError, KeyError, ValueError, TypeError) as exc:
@@ -378,8 +229,10 @@ def equality_proof(ep: Endpoints, body: dict, routed: str, timeout: float = 300)
         return Proof(EQUALITY, False, f"{type(exc).__name__}: {exc}")
     tokens = [int(d.get("usage", {}).get("prompt_tokens", 0)) for d in direct]
     same = [r == t and bool(t) for r, t in zip(routed_texts, texts, strict=True)]
-    shown = "; ".join(f"{n} tokens: router {r[:24]!r} vs decode {t[:24]!r}"
-                      for n, r, t in zip(tokens, routed_texts, texts, strict=True))  # fmt: skip
+    shown = "; ".join(
+        f"{n} tokens: router {r[:24]!r} vs decode {t[:24]!r}"
+        for n, r, t in zip(tokens, routed_texts, texts, strict=True)
+    )
     return Proof(EQUALITY, all(same), f"{sum(same)}/{len(same)} prompts equal, KV never reused ({shown})")
 
 
@@ -405,9 +258,12 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
         res.completion = out["choices"][0]["text"]
         ok = bool(res.completion) and out.get("usage", {}).get("completion_tokens", 0) > 0 and not not_finished(out)
         res.proofs.append(
-            Proof("completion through the router", ok,
-                  f"{out.get('usage', {}).get('completion_tokens', 0)} tokens: {res.completion[:60]!r}")
-        )  # fmt: skip
+            Proof(
+                "completion through the router",
+                ok,
+                f"{out.get('usage', {}).get('completion_tokens', 0)} tokens: {res.completion[:60]!r}",
+            )
+        )
     except (OSError, KeyError, ValueError) as exc:  # URLError, resets and timeouts are OSErrors
         res.proofs.append(Proof("completion through the router", False, f"{type(exc).__name__}: {exc}"))
     res.seconds["completion"] = round(time.monotonic() - t0, 3)

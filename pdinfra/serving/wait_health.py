@@ -52,8 +52,12 @@ def warm_up(url: str, model: str, timeout_s: float, api_key: str = "") -> str | 
         left = deadline - time.monotonic()
         if left <= 0:
             return f"warm-up not done after {timeout_s:.0f} s"
-        req = urllib.request.Request(url.rstrip("/") + "/v1/completions", method="POST", headers=headers,
-                                     data=json.dumps({"model": model, **body}).encode())  # fmt: skip
+        req = urllib.request.Request(
+            url.rstrip("/") + "/v1/completions",
+            method="POST",
+            headers=headers,
+            data=json.dumps({"model": model, **body}).encode(),
+        )
         try:
             with urllib.request.urlopen(req, timeout=left) as resp:
                 out = json.loads(resp.read())
@@ -73,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     url, timeout_s = args[0], float(args[1])
     t0 = time.monotonic()
     if not wait(url, timeout_s):
-        print(f"{url}: no /health after {timeout_s:.0f} s; failing the start so that systemd restarts it",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{url}: no /health after {timeout_s:.0f} s; failing the start so that systemd restarts it", file=sys.stderr
+        )
         return 1
     if len(args) > 2:
         model, warm_s = args[3], float(args[4]) if len(args) == 5 else 300.0

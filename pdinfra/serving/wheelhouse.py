@@ -17,6 +17,7 @@ import tarfile
 from pathlib import Path
 
 from pdinfra import paths
+from pdinfra.cluster import connectors
 
 MARKER = ".pdinfra-complete"
 ROLE_DEFAULTS = paths.REPO / "roles" / "pd_runtime" / "defaults" / "main.yml"
@@ -33,9 +34,12 @@ def role_packages(profile: str, connector: str) -> list[str]:
     import yaml
 
     d = yaml.safe_load(ROLE_DEFAULTS.read_text())
-    return [*d["pd_runtime_packages"][profile], *d["pd_runtime_tool_packages"],
-            *d["pd_runtime_kv_store_packages"][profile],
-            *(d["pd_runtime_lmcache_packages"] if connector == "lmcache" else [])]  # fmt: skip
+    return [
+        *d["pd_runtime_packages"][profile],
+        *d["pd_runtime_tool_packages"],
+        *d["pd_runtime_kv_store_packages"][profile],
+        *(p for var in connectors.get(connector).packages for p in d[var]),
+    ]
 
 
 def platform_tags(glibc: str, arch: str) -> list[str]:

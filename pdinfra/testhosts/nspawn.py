@@ -198,9 +198,13 @@ def _prepare_base(root: Path) -> None:
     # Prometheus and the node exporter start only once the pd_monitoring role has configured them (by default they
     # would listen on every address); the exporter's apt/smartmon helper timers are not wanted in a test node.
     _quiet(["systemctl", f"--root={root}", "disable", "prometheus.service", "prometheus-node-exporter.service"])
-    for unit in ("prometheus-node-exporter-apt.timer", "prometheus-node-exporter-smartmon.timer",
-                 "prometheus-node-exporter-nvme.timer", "prometheus-node-exporter-ipmitool-sensor.timer",
-                 "prometheus-node-exporter-mellanox-hca-temp.timer"):  # fmt: skip
+    for unit in (
+        "prometheus-node-exporter-apt.timer",
+        "prometheus-node-exporter-smartmon.timer",
+        "prometheus-node-exporter-nvme.timer",
+        "prometheus-node-exporter-ipmitool-sensor.timer",
+        "prometheus-node-exporter-mellanox-hca-temp.timer",
+    ):
         _quiet(["systemctl", f"--root={root}", "mask", unit])
     apt_conf = root / "etc/apt/apt.conf.d/99pdinfra"
     apt_conf.write_text('Acquire::Retries "0";\nAPT::Install-Recommends "false";\n')
@@ -387,9 +391,13 @@ def _boot(host: TestHost, root: Path) -> int:
     ]  # fmt: skip
     log = open(sd / "console.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_enter_cgroups(dirs),
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_enter_cgroups(dirs),
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **_cgroup_env()},
-    )  # fmt: skip
+    )
     log.close()
     _pidfile(host).write_text(str(proc.pid))
     return proc.pid
@@ -422,9 +430,12 @@ def ssh_config(hosts: list[TestHost], key: Path) -> Path:
     tools that take one: testinfra's SSH backend (``--hosts=ssh://node1 --ssh-config=...``) keeps one multiplexed
     connection per host, where ``--force-ansible`` starts an Ansible process for every command."""
     conf = key.parent / "config"
-    blocks = [f"Host {h.name}\n  HostName {h.ip}\n  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
-              "  BatchMode yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
-              "  ConnectTimeout 5\n" for h in hosts]  # fmt: skip
+    blocks = [
+        f"Host {h.name}\n  HostName {h.ip}\n  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
+        "  BatchMode yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+        "  ConnectTimeout 5\n"
+        for h in hosts
+    ]
     conf.write_text("# Written by pdinfra (testhosts.ssh_config) for the local test hosts.\n" + "".join(blocks))
     conf.chmod(0o600)
     return conf
@@ -432,10 +443,21 @@ def ssh_config(hosts: list[TestHost], key: Path) -> Path:
 
 def ssh_command(host: TestHost, key: Path) -> list[str]:
     return [
-        "ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-        "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
+        "ssh",
+        "-i",
+        str(key),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "ConnectTimeout=5",
         f"root@{host.ip}",
-    ]  # fmt: skip
+    ]
 
 
 def _stop(host: TestHost, timeout: float = 45.0) -> None:

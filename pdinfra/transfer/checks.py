@@ -55,8 +55,13 @@ def kv_plan(gpu: bool, cluster: Cluster | None = None, node: str | None = None) 
     if cluster is not None and cluster.model.shape:
         insts = [i for i in cluster.instances if node is None or i.host == node] or cluster.instances
         tp = max((i.tp for i in insts), default=1)
-        return KVPlan(f"cluster.json ({node or 'cluster'})", cluster.model.shape, insts[0].block_size if insts else
-                      cluster.block_size, tp, insts[0].kv_dtype if insts else cluster.kv_dtype)  # fmt: skip
+        return KVPlan(
+            f"cluster.json ({node or 'cluster'})",
+            cluster.model.shape,
+            insts[0].block_size if insts else cluster.block_size,
+            tp,
+            insts[0].kv_dtype if insts else cluster.kv_dtype,
+        )
     shape, block, tp, dtype = FALLBACK_GPU if gpu else FALLBACK_CPU
     return KVPlan("fallback (no /etc/pdinfra/cluster.json with a model shape)", shape, block, tp, dtype)
 
@@ -96,10 +101,12 @@ def to_checks(report: dict[str, Any], host: str = "") -> list[CheckResult]:
             evidence = r.error or r.reason or "no measurement"
         else:
             link = (
-                "one GPU, no link" if r.same_device
-                else f"{_pct(r.eff_link)} of the {r.link_gbps:.0f} GB/s link" if r.link_gbps
+                "one GPU, no link"
+                if r.same_device
+                else f"{_pct(r.eff_link)} of the {r.link_gbps:.0f} GB/s link"
+                if r.link_gbps
                 else "no link limit known"
-            )  # fmt: skip
+            )
             copy = f"{_pct(r.eff_copy)} of a raw copy ({r.copy_gbps:.0f} GB/s)" if r.copy_gbps else "no raw copy"
             lat = f"{r.latency_s * 1e6:.0f} us" if r.latency_s is not None else "n/a"
             evidence = (
@@ -129,8 +136,10 @@ def run(
     plan = kv_plan(gpu, cluster, node)
     if progress:
         dtype = plan.kv_dtype or "the model's own"
-        progress(f"KV cases from {plan.source}: {plan.model_shape}, block size {plan.block_size}, TP {plan.tp}, "
-                 f"KV dtype {dtype}")  # fmt: skip
+        progress(
+            f"KV cases from {plan.source}: {plan.model_shape}, block size {plan.block_size}, TP {plan.tp}, "
+            f"KV dtype {dtype}"
+        )
     report = T.run_benchmark(compact_config(facts, iters, plan), progress=progress)
     report["kv_plan"] = plan.__dict__
     return to_checks(report, str(facts.get("hostname") or facts.get("host") or "")), report
@@ -168,16 +177,35 @@ def run_peer(
     gpu = gpu_host(facts)
     plan = kv_plan(gpu, cluster, node)
     shape = kvshape.for_dtype(kvshape.get_shape(plan.model_shape), plan.kv_dtype)
-    cases = T.plan_cases(("READ", "WRITE"), (64 * KIB, 16 * MIB), ((256, 64 * KIB),), ("contig",), shape,
-                         8192 if gpu else 1024, (plan.block_size,), plan.tp)  # fmt: skip
+    cases = T.plan_cases(
+        ("READ", "WRITE"),
+        (64 * KIB, 16 * MIB),
+        ((256, 64 * KIB),),
+        ("contig",),
+        shape,
+        8192 if gpu else 1024,
+        (plan.block_size,),
+        plan.tp,
+    )
     ep = T.Endpoint("VRAM", 0) if gpu else T.Endpoint("DRAM")
     argv = shlex.split(command.format(peer=peer))
-    spec = T.SessionSpec(f"{ep.label}->{peer}:{ep.label}", ep, ep, cases, iters=iters, warmup=1, case_cap_s=10.0,
-                         peer=tuple(argv), peer_name=peer)  # fmt: skip
+    spec = T.SessionSpec(
+        f"{ep.label}->{peer}:{ep.label}",
+        ep,
+        ep,
+        cases,
+        iters=iters,
+        warmup=1,
+        case_cap_s=10.0,
+        peer=tuple(argv),
+        peer_name=peer,
+    )
     link = link_gbps or peer_link_gbps(facts)
     if progress:
-        progress(f"peer session with {peer} ({' '.join(argv[:1])} ... transfer-target): {len(cases)} cases, "
-                 f"link limit {f'{link:.1f} GB/s' if link else 'unknown'}")  # fmt: skip
+        progress(
+            f"peer session with {peer} ({' '.join(argv[:1])} ... transfer-target): {len(cases)} cases, "
+            f"link limit {f'{link:.1f} GB/s' if link else 'unknown'}"
+        )
     t0 = time.monotonic()
     rep, results = T.run_session(spec, gpu, {"node-node": link} if link else None)
     report = {

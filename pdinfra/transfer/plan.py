@@ -193,8 +193,9 @@ def plan_cases(
                         continue
                     breaks = None
                     if layout.startswith("trace") and kv_trace is not None:
-                        breaks = trace.break_pattern(kv_trace, kvshape.blocks_for_prompt(prompt_tokens, bs),
-                                                     sort=layout == "trace-sorted")  # fmt: skip
+                        breaks = trace.break_pattern(
+                            kv_trace, kvshape.blocks_for_prompt(prompt_tokens, bs), sort=layout == "trace-sorted"
+                        )
                     blen, slots = kv_slots(shape, prompt_tokens, bs, tp, layout, breaks)
                     modes = ("plain", "prepped") if kv_plain else ("prepped",)
                     for mode in modes:

@@ -2,7 +2,7 @@
 
 The parent starts ``pdinfra transfer-target`` on the peer through a command (SSH by default, with the host key
 checked as ssh checks it) and talks to it over that command's stdin/stdout with the same messages the local
-target gets through a multiprocessing pipe (worker._target_main). Each message is one line ``pdinfra-xfer/1 <JSON>``
+target gets through a multiprocessing pipe (worker.target_main). Each message is one line ``pdinfra-xfer/1 <JSON>``
 (bytes as base64, tuples and the endpoint tagged); lines without the prefix (a login banner, a profile's echo)
 are skipped, and nothing read from the peer is ever unpickled or evaluated. Nothing else listens: NIXL's own data
 path is whatever UCX picks between the two nodes (tcp without RDMA NICs, rc_mlx5 with them).
@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from pdinfra.transfer.plan import Endpoint
-from pdinfra.transfer.worker import _target_main
+from pdinfra.transfer.worker import target_main
 
 PREFIX = b"pdinfra-xfer/1 "
 
@@ -151,7 +151,7 @@ def serve() -> None:
     _, env, endpoint, span, cfg = msg
     with tempfile.NamedTemporaryFile(prefix="pdinfra-peer-target-", suffix=".log", delete=False) as fh:
         log = fh.name
-    _target_main(conn, log, env, endpoint, span, cfg)
+    target_main(conn, log, env, endpoint, span, cfg)
 
 
 if __name__ == "__main__":

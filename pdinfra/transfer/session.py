@@ -30,7 +30,7 @@ from pdinfra.transfer.plan import (
 )
 from pdinfra.transfer.ucxproto import parse_proto_info, select_transports
 from pdinfra.transfer.verdicts import CaseResult, explain_sessions, finish_result, ucx_module_dir
-from pdinfra.transfer.worker import _initiator_main, _target_main
+from pdinfra.transfer.worker import initiator_main, target_main
 
 # --------------------------------------------------------------------------------------------------
 # Parent: run sessions
@@ -96,7 +96,7 @@ class SessionReport:
     initiator_log_tail: str = ""
 
 
-def _native_errors(path: Path) -> str:
+def native_errors(path: Path) -> str:
     """The last error NIXL's C++ side logged (glog lines "E<date> ... file.cpp:N] message")."""
     try:
         lines = path.read_text(errors="replace").splitlines()
@@ -180,9 +180,9 @@ def run_session(
         t_parent.send(("start", env, spec.target, span, cfg))
     else:
         t_parent, t_child = ctx.Pipe()
-        tproc = ctx.Process(target=_target_main, args=(t_child, str(tgt_log), env, spec.target, span, cfg))
+        tproc = ctx.Process(target=target_main, args=(t_child, str(tgt_log), env, spec.target, span, cfg))
     i_parent, i_child = ctx.Pipe()
-    iproc = ctx.Process(target=_initiator_main, args=(i_child, str(ini_log), env, spec.initiator, span, cfg))
+    iproc = ctx.Process(target=initiator_main, args=(i_child, str(ini_log), env, spec.initiator, span, cfg))
     pending = list(spec.cases)
     try:
         tproc.start()
@@ -228,7 +228,7 @@ def run_session(
                 _recv(conn, proc, 30.0, who)
     except (RuntimeError, TimeoutError, EOFError, OSError) as exc:
         report.error = str(exc)
-        native = _native_errors(ini_log) or _native_errors(tgt_log)
+        native = native_errors(ini_log) or native_errors(tgt_log)
         if native:
             report.error += f" [{native}]"
         for case in pending:
@@ -306,8 +306,9 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> dict[str, Any]:
     n_gpu = gpu_count() if cfg.gpus != [] else 0
     gpu_ids = [g for g in (cfg.gpus if cfg.gpus is not None else list(range(n_gpu))) if g < n_gpu]
     gpu_host = bool(gpu_ids)
-    shape = kvshape.for_dtype(kvshape.get_shape(cfg.model_shape or ("gpt-oss-120b" if gpu_host else "tiny")),
-                              cfg.kv_dtype)  # fmt: skip
+    shape = kvshape.for_dtype(
+        kvshape.get_shape(cfg.model_shape or ("gpt-oss-120b" if gpu_host else "tiny")), cfg.kv_dtype
+    )
     prompt = cfg.prompt_tokens or (8192 if gpu_host else 1024)
     layouts = cfg.layouts or (("contig", "scatter") if gpu_host else ("scatter",))
     cases = plan_cases(

@@ -102,8 +102,9 @@ def load(path: str | Path) -> Trace:
             continue
         if rec.get("block_size"):
             sizes[int(rec["block_size"])] += 1
-        reads.append(Read(str(rec.get("req", n)), loc, rem, rec.get("local_pool"), rec.get("remote_pool"),
-                          rec.get("block_size")))  # fmt: skip
+        reads.append(
+            Read(str(rec.get("req", n)), loc, rem, rec.get("local_pool"), rec.get("remote_pool"), rec.get("block_size"))
+        )
     if not reads:
         raise TraceError(f"{p}: no READ that moved blocks ({skipped} full prefix hits)")
     return Trace(str(p), reads, skipped, sizes.most_common(1)[0][0] if sizes else None)

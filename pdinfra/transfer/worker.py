@@ -20,7 +20,7 @@ from pdinfra.transfer.plan import NIXL_MISSING, CaseSpec, Endpoint
 # --------------------------------------------------------------------------------------------------
 
 
-class _Buffer:
+class Buffer:
     """One registered buffer and the helpers to fill, clear and checksum slots of it."""
 
     def __init__(self, ep: Endpoint, span: int):
@@ -133,13 +133,13 @@ def _start_child(conn, log_path: str, env: dict[str, str], ep: Endpoint, span: i
     except ImportError as exc:
         conn.send(("error", f"{NIXL_MISSING} ({exc})"))
         return None
-    buf = _Buffer(ep, span)
+    buf = Buffer(ep, span)
     agent = _make_agent(name, cfg["num_threads"], cfg["prog_thread"])
     agent.register_memory([(buf.addr, buf.span, buf.devid, "")], ep.mem)
     return buf, agent
 
 
-def _target_main(conn, log_path: str, env: dict[str, str], ep: Endpoint, span: int, cfg: dict) -> None:
+def target_main(conn, log_path: str, env: dict[str, str], ep: Endpoint, span: int, cfg: dict) -> None:
     """Prefill-like side: owns the source (READ) or destination (WRITE) buffer and answers the parent."""
     try:
         started = _start_child(conn, log_path, env, ep, span, cfg, "pdinfra-target")
@@ -231,7 +231,7 @@ def _wait(agent, handle, timeout_s: float) -> None:
         raise RuntimeError(f"transfer failed: NIXL state {state}")
 
 
-def _run_case(agent, remote: str, buf: _Buffer, rmeta: dict, case: CaseSpec, prepped: dict, cfg: dict) -> dict:
+def _run_case(agent, remote: str, buf: Buffer, rmeta: dict, case: CaseSpec, prepped: dict, cfg: dict) -> dict:
     """Run one case's iterations; returns timings. ``prepped`` caches dlist handles per descriptor size."""
     import numpy as np
 
@@ -299,7 +299,7 @@ def _run_case(agent, remote: str, buf: _Buffer, rmeta: dict, case: CaseSpec, pre
     return out
 
 
-def _initiator_main(conn, log_path: str, env: dict[str, str], ep: Endpoint, span: int, cfg: dict) -> None:
+def initiator_main(conn, log_path: str, env: dict[str, str], ep: Endpoint, span: int, cfg: dict) -> None:
     """Decode-like side: adds the target's metadata, measures the copy reference, runs the cases."""
     try:
         started = _start_child(conn, log_path, env, ep, span, cfg, "pdinfra-initiator")

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import openai
 
-from pdinfra.serving.smoke import PROMPT, parse_metrics
+from pdinfra.serving.client import parse_metrics
+from pdinfra.serving.smoke import PROMPT
 
 MODEL = "pdinfra-tiny-llama"
 
@@ -61,8 +62,11 @@ def completion_plain(api: Api) -> None:
 
 
 def completion_stream_with_usage(api: Api) -> None:
-    chunks = list(api.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0,
-                                                  stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        api.client().completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     usage = [c.usage for c in chunks if c.usage]
     assert text and len(usage) == 1 and usage[0].completion_tokens == 8, chunks[-3:]
@@ -155,8 +159,9 @@ def chat_plain(api: Api) -> None:
 
 
 def chat_stream_with_usage(api: Api) -> None:
-    stream = api.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
-                                                  stream=True, stream_options={"include_usage": True})  # fmt: skip
+    stream = api.client().chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -167,16 +172,19 @@ def chat_stream_with_usage(api: Api) -> None:
 
 
 def chat_logprobs(api: Api) -> None:
-    out = api.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0,
-                                               logprobs=True, top_logprobs=3)  # fmt: skip
+    out = api.client().chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = out.choices[0].logprobs.content
     assert len(content) == 4 and all(len(t.top_logprobs) == 3 and t.logprob <= 0.0 for t in content)
     assert "".join(t.token for t in content) == out.choices[0].message.content
 
 
 def chat_multi_turn(api: Api) -> None:
-    turns = MESSAGES + [{"role": "assistant", "content": "Because prefill and decode run apart."},
-                        {"role": "user", "content": [{"type": "text", "text": "And then?"}]}]  # fmt: skip
+    turns = MESSAGES + [
+        {"role": "assistant", "content": "Because prefill and decode run apart."},
+        {"role": "user", "content": [{"type": "text", "text": "And then?"}]},
+    ]
     out = api.client().chat.completions.create(model=MODEL, messages=turns, max_tokens=4, temperature=0)
     assert out.choices[0].message.content and out.usage.prompt_tokens > 20
 
@@ -201,8 +209,9 @@ def bad_prompt_over_max_model_len(api: Api) -> None:
         api.client().completions.create(model=MODEL, prompt="token " * 5000, max_tokens=2)
     except openai.BadRequestError as exc:
         code, text = _status(exc)
-        assert code == 400 and ("maximum context length" in text or "max_model_len" in text
-                                or "context length" in text), text  # fmt: skip
+        assert code == 400 and (
+            "maximum context length" in text or "max_model_len" in text or "context length" in text
+        ), text
         return
     raise AssertionError("a prompt longer than max_model_len was served")
 
@@ -220,9 +229,12 @@ def bad_negative_max_tokens(api: Api) -> None:
 
 
 def _raw(api: Api, path: str, data: bytes, key: str | None) -> tuple[int, str]:
-    req = urllib.request.Request(api.router + path, data=data, method="POST",
-                                 headers={"Content-Type": "application/json"}
-                                 | ({"Authorization": f"Bearer {key}"} if key else {}))  # fmt: skip
+    req = urllib.request.Request(
+        api.router + path,
+        data=data,
+        method="POST",
+        headers={"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {}),
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, resp.read().decode()
@@ -266,9 +278,12 @@ def _idle(api: Api, within_s: float = 30, kv_at_most: dict[str, float] | None = 
     deadline = time.monotonic() + within_s
     while True:
         g = _gauges(api)
-        if all(v["vllm:num_requests_running"] == 0 and v["vllm:num_requests_waiting"] == 0
-               and v["vllm:kv_cache_usage_perc"] <= (kv_at_most or {}).get(url, 1.0) + 1e-9
-               for url, v in g.items()):  # fmt: skip
+        if all(
+            v["vllm:num_requests_running"] == 0
+            and v["vllm:num_requests_waiting"] == 0
+            and v["vllm:kv_cache_usage_perc"] <= (kv_at_most or {}).get(url, 1.0) + 1e-9
+            for url, v in g.items()
+        ):
             return g
         if time.monotonic() > deadline:
             raise AssertionError(f"instances still busy {within_s:.0f} s after the requests ended: {g}")
@@ -280,8 +295,7 @@ def stream_disconnect_mid_way(api: Api) -> None:
     any instance and the KV blocks are released (vLLM's gauges), and the service answers."""
     idle = _idle(api)
     before = {url: v["vllm:kv_cache_usage_perc"] for url, v in idle.items()}
-    stream = api.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=1500, temperature=0,
-                                             stream=True)  # fmt: skip
+    stream = api.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=1500, temperature=0, stream=True)
     got = 0
     for chunk in stream:
         got += bool(chunk.choices)

@@ -20,7 +20,7 @@ import pytest
 
 from pdinfra import paths, testhosts
 from pdinfra.playbook import PlaybookResult, ansible_env, run_playbook
-from pdinfra.serving import smoke
+from pdinfra.serving import client
 from pdinfra.testhosts import nspawn
 
 REPO = paths.REPO
@@ -36,8 +36,9 @@ E2E_MARKS = [
 ]  # fmt: skip
 
 
-def run(args: list[str], log: str, timeout: float = 1800, check: bool = False, env_extra: dict | None = None,
-        **kw) -> subprocess.CompletedProcess:  # fmt: skip
+def run(
+    args: list[str], log: str, timeout: float = 1800, check: bool = False, env_extra: dict | None = None, **kw
+) -> subprocess.CompletedProcess:
     """Run a command, keep its whole output in out/e2e/<log>.log, echo its tail on failure."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     env = ansible_env(ANSIBLE_NOCOLOR="1", NO_COLOR="1", COLUMNS="200", **(env_extra or {}))
@@ -48,8 +49,9 @@ def run(args: list[str], log: str, timeout: float = 1800, check: bool = False, e
     return res
 
 
-def playbook(*extra: str, log: str, inventory: Path | list[Path] = INV, book: str = "site.yml",
-             timeout: float = 1800) -> PlaybookResult:  # fmt: skip
+def playbook(
+    *extra: str, log: str, inventory: Path | list[Path] = INV, book: str = "site.yml", timeout: float = 1800
+) -> PlaybookResult:
     """ansible-playbook through pdinfra.playbook (ansible-runner): the recap, tasks and failures as data; Ansible's
     output in out/e2e/<log>.log, its events in out/e2e/<log>.events.jsonl."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -70,14 +72,27 @@ def conformance(inventory: Path, log: str) -> subprocess.CompletedProcess:
 
     hosts = testhosts.from_inventory(load(inventory))
     conf = testhosts.ssh_config(hosts, testhosts.ssh_key())
-    return run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/conformance",
-                "--hosts=" + ",".join(f"ssh://{h.name}" for h in hosts), f"--ssh-config={conf}",
-                f"--ansible-inventory={inventory}"],
-               log=log, env_extra={"PDINFRA_TEST_TIER": "conformance"})  # fmt: skip
+    return run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/conformance",
+            "--hosts=" + ",".join(f"ssh://{h.name}" for h in hosts),
+            f"--ssh-config={conf}",
+            f"--ansible-inventory={inventory}",
+        ],
+        log=log,
+        env_extra={"PDINFRA_TEST_TIER": "conformance"},
+    )
 
 
-def on(host: testhosts.TestHost, command: str, log: str, check: bool = False,
-       timeout: float = 600) -> subprocess.CompletedProcess:  # fmt: skip
+def on(
+    host: testhosts.TestHost, command: str, log: str, check: bool = False, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """A shell command on a local node over SSH."""
     return run([*testhosts.ssh_command(host, testhosts.ssh_key()), command], log=log, check=check, timeout=timeout)
 
@@ -91,8 +106,9 @@ def up_overlay(inventory: Path, log: str) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess([], 0, path.read_text(), "")
     res = run([str(BIN / "pdinfra"), "up", "-i", str(inventory)], log=log, timeout=2400)
     if res.returncode != 0:
-        pytest.fail(f"pdinfra up -i {inventory} failed ({res.returncode}); see {path}:\n"
-                    f"{(res.stdout + res.stderr)[-5000:]}")  # fmt: skip
+        pytest.fail(
+            f"pdinfra up -i {inventory} failed ({res.returncode}); see {path}:\n{(res.stdout + res.stderr)[-5000:]}"
+        )
     return res
 
 
@@ -154,12 +170,13 @@ def post(url: str, body: dict, key: str | None, timeout: float = REQUEST_TIMEOUT
 
 
 def complete(url: str, prompt: str, key: str | None, max_tokens: int = 8) -> tuple[int, dict | str]:
-    return post(url + "/v1/completions",
-                {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, key)  # fmt: skip
+    return post(
+        url + "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}, key
+    )
 
 
 def get(url: str, timeout: float = 3) -> str:
-    return smoke.get_text(url, timeout=timeout)
+    return client.get_text(url, timeout=timeout)
 
 
 def healthy(url: str) -> bool:
@@ -172,7 +189,7 @@ def healthy(url: str) -> bool:
 def counter(url: str, name: str) -> float:
     """A counter of an instance's /metrics, summed over labels; -1 while the instance does not answer."""
     try:
-        return smoke.metric(smoke.parse_metrics(get(url + "/metrics")), name)
+        return client.metric(client.parse_metrics(get(url + "/metrics")), name)
     except OSError:
         return -1.0
 
@@ -195,8 +212,10 @@ def alert_firing(name: str, instance: str) -> bool | None:
         data = json.loads(get(PROMETHEUS + "/api/v1/alerts"))
     except (OSError, ValueError):
         return None
-    return any(a["labels"].get("alertname") == name and a["labels"].get("pd_instance") == instance
-               and a["state"] == "firing" for a in data["data"]["alerts"])  # fmt: skip
+    return any(
+        a["labels"].get("alertname") == name and a["labels"].get("pd_instance") == instance and a["state"] == "firing"
+        for a in data["data"]["alerts"]
+    )
 
 
 def node(cluster, name: str) -> testhosts.TestHost:
@@ -238,12 +257,20 @@ class Load:
                 status, out = complete(ROUTER, self.prompts[p], self.key)
                 answered = status == 200 and isinstance(out, dict)
                 # a 200 whose finish_reason is "abort" (vLLM's engine stopping on SIGTERM) is a failure, not an answer
-                unfinished = smoke.not_finished(out) if answered else None
+                unfinished = client.not_finished(out) if answered else None
                 finish = str(out["choices"][0].get("finish_reason")) if answered else ""
                 ok = answered and unfinished is None
                 error = "" if ok else f"HTTP 200 finish_reason={finish}" if answered else f"HTTP {status}: {out}"[:130]
-                rec = Rec(t0, time.monotonic(), p, ok, out["choices"][0]["text"] if answered else "", error,
-                          out.get("id", "") if answered else "", finish)  # fmt: skip
+                rec = Rec(
+                    t0,
+                    time.monotonic(),
+                    p,
+                    ok,
+                    out["choices"][0]["text"] if answered else "",
+                    error,
+                    out.get("id", "") if answered else "",
+                    finish,
+                )
             except (OSError, ValueError, KeyError) as exc:
                 rec = Rec(t0, time.monotonic(), p, False, error=f"{type(exc).__name__}: {exc}")
             self.recs.append(rec)
@@ -290,12 +317,23 @@ class Stream:
     def _read(self) -> None:
         import http.client
 
-        body = {"model": MODEL, "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
-                "ignore_eos": True, "stream": True, **({"return_token_ids": True} if self.token_ids else {})}
+        body = {
+            "model": MODEL,
+            "prompt": self.prompt,
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            **({"return_token_ids": True} if self.token_ids else {}),
+        }
         conn = http.client.HTTPConnection("198.18.0.11", 8000, timeout=REQUEST_TIMEOUT_S)
         try:
-            conn.request("POST", "/v1/completions", json.dumps(body),
-                         {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"})
+            conn.request(
+                "POST",
+                "/v1/completions",
+                json.dumps(body),
+                {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
+            )
             resp = conn.getresponse()
             if resp.status != 200:
                 self.failure = f"HTTP {resp.status}: {resp.read()[:200]!r}"
@@ -348,8 +386,10 @@ def wait_until(pred, timeout: float, step: float = 0.25) -> float | None:
 
 
 def connects(ip: str, port: int, netns: str, timeout: float = 2.0) -> bool:
-    code = (f"import socket,sys\ns=socket.socket()\ns.settimeout({timeout})\n"
-            f"sys.exit(0 if s.connect_ex(('{ip}',{port}))==0 else 1)")  # fmt: skip
+    code = (
+        f"import socket,sys\ns=socket.socket()\ns.settimeout({timeout})\n"
+        f"sys.exit(0 if s.connect_ex(('{ip}',{port}))==0 else 1)"
+    )
     return subprocess.run(["ip", "netns", "exec", netns, "python3", "-c", code], timeout=timeout + 5).returncode == 0
 
 

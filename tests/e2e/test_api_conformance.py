@@ -47,8 +47,9 @@ def test_conditional_disaggregation_serves_short_requests_on_a_decode_instance(a
 
         def served(call, **headers):
             before = counter(prefill, "vllm:request_success_total")
-            raw = call.with_raw_response.create(model="pdinfra-tiny-llama", max_tokens=4, temperature=0,
-                                                extra_headers=headers or None, **kwargs[call])  # fmt: skip
+            raw = call.with_raw_response.create(
+                model="pdinfra-tiny-llama", max_tokens=4, temperature=0, extra_headers=headers or None, **kwargs[call]
+            )
             body = raw.parse()
             text = body.choices[0].text if hasattr(body.choices[0], "text") else body.choices[0].message.content
             assert text, body

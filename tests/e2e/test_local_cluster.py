@@ -69,8 +69,9 @@ def aggregated(cluster):
     LayoutDeployer): the bench sweep right after these cases deploys agg again with nothing to change, then pd."""
     from pdinfra.bench.live import LAYOUT_TAGS
 
-    res = playbook("--tags", LAYOUT_TAGS, "-e", "pdinfra_layout=agg", "-e", "vllm_instance_rolling=false",
-                   log="69-agg-layout")  # fmt: skip
+    res = playbook(
+        "--tags", LAYOUT_TAGS, "-e", "pdinfra_layout=agg", "-e", "vllm_instance_rolling=false", log="69-agg-layout"
+    )
     assert res.rc == 0, res.summary()
     return api_of(INV)
 
@@ -89,8 +90,22 @@ def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     also takes the cluster back to PD after the aggregated API cases. test_plan_loop.py profiles this run."""
     out, report = LOG_DIR / "bench" / "runs", LOG_DIR / "bench" / "report"
     shutil.rmtree(LOG_DIR / "bench", ignore_errors=True)
-    res = run([str(BIN / "pdinfra"), "bench", "run", "--plan", "small", "--redeploy", "--out", str(out),
-               "--report", str(report)], log="70-bench", timeout=1800)  # fmt: skip
+    res = run(
+        [
+            str(BIN / "pdinfra"),
+            "bench",
+            "run",
+            "--plan",
+            "small",
+            "--redeploy",
+            "--out",
+            str(out),
+            "--report",
+            str(report),
+        ],
+        log="70-bench",
+        timeout=1800,
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -170,8 +185,10 @@ def test_conformance_suite_passes_against_the_nodes(cluster):
 # no RDMA NIC, a CPU-role host, the probe on the router node. 5 pass and 35 n/a on node1, 4 and 36 on node2
 # (2026-12-06).
 CPU_NODE_PASSES = {"ucx.env", "serving.toolchain", "serving.health", "serving.pd_consistency"}
-NOT_APPLICABLE = re.compile(r"CPU-role host|no GPUs? |no GPU\)|fewer than two GPUs|no RDMA|no RoCE|no GPU or RDMA"
-                            r"|runs on the router node")
+NOT_APPLICABLE = re.compile(
+    r"CPU-role host|no GPUs? |no GPU\)|fewer than two GPUs|no RDMA|no RoCE|no GPU or RDMA"
+    r"|runs on the router node"
+)
 
 
 def test_validator_passes_what_applies_to_each_node(cluster):
@@ -211,11 +228,16 @@ def test_amx_shim_is_still_needed(cluster):
     """pdinfra.serving.cpu_amx asks Linux for AMX tile state because vLLM's CPU attention uses AMX without asking
     (SIGILL in the PD decode path). This fails once the installed vLLM asks itself: then remove the shim."""
     host = cluster["hosts"][1]
-    res = run([*testhosts.ssh_command(host, testhosts.ssh_key()),
-               "grep -rlE 'ARCH_REQ_XCOMP_PERM|XFEATURE_XTILEDATA|_init_amx|0x1023' "
-               "/opt/pdinfra/venv/lib/python3*/site-packages/vllm/ --include=*.py || true; "
-               "ls /opt/pdinfra/venv/lib/python3*/site-packages/pdinfra_cpu_amx.pth"],
-              log="63-amx-shim", check=True)  # fmt: skip
+    res = run(
+        [
+            *testhosts.ssh_command(host, testhosts.ssh_key()),
+            "grep -rlE 'ARCH_REQ_XCOMP_PERM|XFEATURE_XTILEDATA|_init_amx|0x1023' "
+            "/opt/pdinfra/venv/lib/python3*/site-packages/vllm/ --include=*.py || true; "
+            "ls /opt/pdinfra/venv/lib/python3*/site-packages/pdinfra_cpu_amx.pth",
+        ],
+        log="63-amx-shim",
+        check=True,
+    )
     lines = [x for x in res.stdout.splitlines() if x.strip()]
     assert lines and lines[-1].endswith("pdinfra_cpu_amx.pth"), res.stdout
     assert lines[:-1] == [], f"vLLM now asks for AMX permission itself ({lines[:-1]}): remove pdinfra.serving.cpu_amx"
@@ -235,7 +257,7 @@ THREADS = (
     "aff=$(systemctl show -p CPUAffinity --value $u); cg=$(systemctl show -p ControlGroup --value $u); "
     "f=/sys/fs/cgroup$cg/cgroup.procs; [ -e $f ] || f=/sys/fs/cgroup/systemd$cg/cgroup.procs; "  # v2, else v1
     "for p in $(cat $f); do for t in /proc/$p/task/*; do "
-    "echo \"$u|$aff|$p|${t##*/}|$(cat $t/comm 2>/dev/null)|"
+    'echo "$u|$aff|$p|${t##*/}|$(cat $t/comm 2>/dev/null)|'
     "$(awk '/Cpus_allowed_list/{print $2}' $t/status 2>/dev/null)\"; "
     "done; done; done"
 )
@@ -246,8 +268,9 @@ def test_every_vllm_thread_runs_on_its_units_cpus(cluster):
     worker would move its model thread to the last core, pdinfra.serving.cpu_affinity keeps it)."""
     bad, seen = [], 0
     for host in cluster["hosts"]:
-        res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), THREADS], log=f"64-threads-{host.name}",
-                  check=True)  # fmt: skip
+        res = run(
+            [*testhosts.ssh_command(host, testhosts.ssh_key()), THREADS], log=f"64-threads-{host.name}", check=True
+        )
         for line in res.stdout.splitlines():
             unit, aff, pid, tid, comm, allowed = line.split("|")
             if not aff or not allowed:
@@ -263,12 +286,16 @@ def test_cpu_affinity_shim_is_still_needed(cluster):
     """vLLM 0.32's NIXL worker calls os.sched_setaffinity(0, [last core per NUMA node]) on CPU devices; the shim put
     the unit's CPUs back (it says so in the journal). This fails once vLLM stops: then remove the shim."""
     host = cluster["hosts"][0]
-    res = run([*testhosts.ssh_command(host, testhosts.ssh_key()),
-               "grep -c 'os.sched_setaffinity(0, rsv_cores_for_kv)' /opt/pdinfra/venv/lib/python3*/site-packages/"
-               "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py || true; "
-               "journalctl --no-pager -u pdinfra-vllm-prefill0 | grep -c \"pdinfra: vLLM's NIXL worker moved\" "
-               "|| true"],
-              log="65-affinity-shim")  # fmt: skip
+    res = run(
+        [
+            *testhosts.ssh_command(host, testhosts.ssh_key()),
+            "grep -c 'os.sched_setaffinity(0, rsv_cores_for_kv)' /opt/pdinfra/venv/lib/python3*/site-packages/"
+            "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py || true; "
+            'journalctl --no-pager -u pdinfra-vllm-prefill0 | grep -c "pdinfra: vLLM\'s NIXL worker moved" '
+            "|| true",
+        ],
+        log="65-affinity-shim",
+    )
     counts = [int(x) for x in res.stdout.split()[:2]]
     assert counts[0] >= 1, "vLLM no longer moves the NIXL worker's thread: remove pdinfra.serving.cpu_affinity"
     assert counts[1] >= 1, f"the shim did not act on prefill0 (journal): {res.stdout}"
@@ -277,8 +304,11 @@ def test_cpu_affinity_shim_is_still_needed(cluster):
 def test_validate_transfer_runs_nixl_between_two_processes_on_a_node(cluster):
     """DRAM<->DRAM over UCX inside a CPU node (the GPU cases of the same code ran on 2xH200, docs/runs/)."""
     host = cluster["hosts"][0]
-    res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), "pdinfra", "validate", "--transfer", "--json"],
-              log=f"61-validate-transfer-{host.name}", timeout=600)  # fmt: skip
+    res = run(
+        [*testhosts.ssh_command(host, testhosts.ssh_key()), "pdinfra", "validate", "--transfer", "--json"],
+        log=f"61-validate-transfer-{host.name}",
+        timeout=600,
+    )
     checks = json.loads(res.stdout)
     measured = [c for c in checks if c["layer"] == "transfer"]
     assert measured and not [c for c in checks if c["verdict"] == "fail"], (measured, res.stderr[-2000:])
@@ -301,8 +331,10 @@ def test_validate_transfer_between_the_two_nodes(cluster):
         node1 = cluster["hosts"][0]
         ssh = testhosts.ssh_command(node1, testhosts.ssh_key())
         # The test hosts are re-created with new host keys on every run: check none for this throw-away pair.
-        peer_cmd = ("ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-                    "-o LogLevel=ERROR {peer} pdinfra transfer-target")  # fmt: skip
+        peer_cmd = (
+            "ssh -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+            "-o LogLevel=ERROR {peer} pdinfra transfer-target"
+        )
         cmd = [ssh[0], "-A", *ssh[1:], "pdinfra validate --transfer --peer root@198.18.0.12 --json "
                f"--transfer-output /tmp/peer-transfer.json --peer-command '{peer_cmd}'"]  # fmt: skip
         res = run(cmd, log="64-validate-transfer-peer", timeout=600, env_extra=agent_env)
@@ -319,16 +351,28 @@ def test_bench_latency_decomposes_a_pd_request(cluster):
     """`pdinfra bench latency`: one request at a time through the router and without it; every stage measured from
     the router's and the instances' own histograms, and the stages add up to the client's time."""
     out = LOG_DIR / "bench-latency.json"
-    res = run([str(BIN / "pdinfra"), "bench", "latency", "-n", "6", "--words", "120", "--out", str(out)],
-              log="73-bench-latency", timeout=600)  # fmt: skip
+    res = run(
+        [str(BIN / "pdinfra"), "bench", "latency", "-n", "6", "--words", "120", "--out", str(out)],
+        log="73-bench-latency",
+        timeout=600,
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "router's added latency" in res.stdout and "KV transfer (NIXL)" in res.stdout, res.stdout
     data = json.loads(out.read_text())
     p50 = data["p50"]["router"]
     kept = [s for s in data["samples"] if s["path"] == "router"]
     assert len(kept) >= 4, data["discarded"]
-    for stage in ("client", "router", "prefill_http", "prefill_engine", "decode_http", "decode_first_token",
-                  "kv_transfer", "outside", "router_own"):  # fmt: skip
+    for stage in (
+        "client",
+        "router",
+        "prefill_http",
+        "prefill_engine",
+        "decode_http",
+        "decode_first_token",
+        "kv_transfer",
+        "outside",
+        "router_own",
+    ):
         assert stage in p50, stage
     for s in kept:
         sec = s["seconds"]
@@ -347,8 +391,10 @@ def test_kv_trace_records_the_blocks_vllm_reads(cluster):
     method the hook wraps (it fails when vLLM renames it: then update the hook), and that the trace holds real
     block IDs: as many decode blocks as prefill blocks per read, all inside each side's pool."""
     host = cluster["hosts"][1]
-    check = ("/opt/pdinfra/venv/bin/python -c 'import vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker "
-             "as m; from pdinfra.serving import kv_trace; print(\"target:\", kv_trace.check_target(m))'")  # fmt: skip
+    check = (
+        "/opt/pdinfra/venv/bin/python -c 'import vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker "
+        'as m; from pdinfra.serving import kv_trace; print("target:", kv_trace.check_target(m))\''
+    )
     res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), check], log="73-kv-trace-target", timeout=300)
     assert "target: None" in res.stdout, res.stdout + res.stderr
     out = LOG_DIR / "kv-trace.jsonl"
@@ -360,10 +406,13 @@ def test_kv_trace_records_the_blocks_vllm_reads(cluster):
         assert [len(g) for g in r["local_xfer"]] == [len(g) for g in r["remote_xfer"]], r
         assert all(0 <= b < r["local_pool"] for g in r["local"] for b in g), r
         assert all(0 <= b < r["remote_pool"] for g in r["remote"] for b in g), r
-    summary = json.loads(run([str(BIN / "pdinfra"), "kv-trace", "show", "--json", str(out)],
-                             log="75-kv-trace-show", check=True).stdout)[0]  # fmt: skip
-    print(f"\nkv trace: {summary['reads']} reads, {summary['blocks']} blocks in {summary['runs']} runs "
-          f"(merge factor {summary['merge_factor']}, sorted {summary['merge_factor_sorted']})")
+    summary = json.loads(
+        run([str(BIN / "pdinfra"), "kv-trace", "show", "--json", str(out)], log="75-kv-trace-show", check=True).stdout
+    )[0]
+    print(
+        f"\nkv trace: {summary['reads']} reads, {summary['blocks']} blocks in {summary['runs']} runs "
+        f"(merge factor {summary['merge_factor']}, sorted {summary['merge_factor_sorted']})"
+    )
     assert summary["reads"] >= 2 and summary["blocks"] >= summary["runs"] >= 1
 
 
@@ -383,8 +432,11 @@ def test_host_layer_with_rail_netdevs_converges_idempotently(cluster):
         back = playbook(log="84-host-back", book="playbooks/host.yml")
     assert back.rc == 0, back.summary()
     for host in cluster["hosts"]:
-        res = run([*testhosts.ssh_command(host, testhosts.ssh_key()), "cat /etc/pdinfra/ucx.env"],
-                  log=f"85-ucx-back-{host.name}", check=True)  # fmt: skip
+        res = run(
+            [*testhosts.ssh_command(host, testhosts.ssh_key()), "cat /etc/pdinfra/ucx.env"],
+            log=f"85-ucx-back-{host.name}",
+            check=True,
+        )
         assert "UCX_TLS=tcp,sm,self" in res.stdout and "UCX_NET_DEVICES" not in res.stdout, res.stdout
 
 
@@ -401,9 +453,15 @@ def _converge_rails(cluster) -> None:
     key = testhosts.ssh_key()
     for host in cluster["hosts"]:
         ip = {"node1": "198.19.1.11", "node2": "198.19.1.12"}[host.name]
-        res = run([*testhosts.ssh_command(host, key),
-                   "cat /etc/netplan/60-pdinfra-rails.yaml /etc/systemd/system/pdinfra-roce-qos.service; "
-                   "ip -j addr show dev rail0"], log=f"83-rails-files-{host.name}", check=True)  # fmt: skip
+        res = run(
+            [
+                *testhosts.ssh_command(host, key),
+                "cat /etc/netplan/60-pdinfra-rails.yaml /etc/systemd/system/pdinfra-roce-qos.service; "
+                "ip -j addr show dev rail0",
+            ],
+            log=f"83-rails-files-{host.name}",
+            check=True,
+        )
         assert "rail0" in res.stdout and "table: 101" in res.stdout and f"{ip}/24" in res.stdout, res.stdout[-2000:]
         assert "mtu: 9000" in res.stdout and "ExecStart=" in res.stdout
 
@@ -441,7 +499,7 @@ def _exec_args(unit: str) -> list[str]:
             if not line.rstrip().endswith("\\"):
                 break
     words = shlex.split(" ".join(lines).removeprefix("ExecStart="))
-    return words[words.index("vllm.entrypoints.openai.api_server") + 1:]
+    return words[words.index("vllm.entrypoints.openai.api_server") + 1 :]
 
 
 def test_vllms_own_parser_accepts_the_rendered_lmcache_and_mooncake_units(cluster, tmp_path_factory):

@@ -94,8 +94,11 @@ def test_rules_are_loaded_and_evaluate(cluster):
     if any(a["labels"].get("alertname") == "PdinfraKVReadAfterRelease" for a in firing):
         # Seen once (fresh-clone rehearsal, 2026-12-03, during the bench's PD sweep, the build machine also busy with
         # other work): the prefill's own account of the late reads, so the next failure says which requests.
-        evidence = on(node(cluster, "node1"), "journalctl --no-pager -u pdinfra-vllm-prefill0 | grep -iE "
-                      "'expir|invalid kv|notif' | tail -20", log="m0-kv-read-after-release").stdout  # fmt: skip
+        evidence = on(
+            node(cluster, "node1"),
+            "journalctl --no-pager -u pdinfra-vllm-prefill0 | grep -iE 'expir|invalid kv|notif' | tail -20",
+            log="m0-kv-read-after-release",
+        ).stdout
     assert not firing, (firing, evidence)
 
 

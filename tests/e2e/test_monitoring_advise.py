@@ -56,9 +56,12 @@ class Load:
 
     def _one(self) -> float | None:
         body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "stream": True}
-        req = urllib.request.Request(ROUTER + "/v1/completions", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {self.key}"})  # fmt: skip
+        req = urllib.request.Request(
+            ROUTER + "/v1/completions",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
+        )
         t0 = time.monotonic()
         try:
             with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
@@ -95,9 +98,12 @@ class Load:
         got = [ttft for start, ttft in self.recs if t0 <= start < t1]
         ok = [t for t in got if t is not None]
         met = sum(t * 1000 <= TTFT_SLO_MS for t in ok)
-        return {"requests": len(got), "failed": len(got) - len(ok),
-                "ttft_p50_ms": round(statistics.median(ok) * 1000) if ok else None,
-                "attainment": round(met / len(got), 3) if got else None}  # fmt: skip
+        return {
+            "requests": len(got),
+            "failed": len(got) - len(ok),
+            "ttft_p50_ms": round(statistics.median(ok) * 1000) if ok else None,
+            "attainment": round(met / len(got), 3) if got else None,
+        }
 
 
 def targets_up() -> dict[str, float]:
@@ -132,8 +138,11 @@ def test_advise_judges_a_window_over_the_slo_and_proposes_the_change(cluster, ti
         t_start = time.monotonic()
         time.sleep(75)  # one window of traffic (and a scrape) before judging
         t_advise = time.monotonic()
-        res = run([str(BIN / "pdinfra"), "advise", "-i", str(tight_inventory), "--window", WINDOW, "--json"],
-                  log="advise", timeout=600)  # fmt: skip
+        res = run(
+            [str(BIN / "pdinfra"), "advise", "-i", str(tight_inventory), "--window", WINDOW, "--json"],
+            log="advise",
+            timeout=600,
+        )
     assert res.returncode == 0, (res.stdout + res.stderr)[-5000:]
     advice = json.loads(res.stdout)
     assert advice["verdict"] == "rebalance" and advice["change"]["kind"] == "retarget", json.dumps(advice)[:3000]
@@ -143,8 +152,13 @@ def test_advise_judges_a_window_over_the_slo_and_proposes_the_change(cluster, ti
     up = targets_up()
     assert set(up) >= {"prefill0", "decode0", "decode1"} and all(v == 1.0 for v in up.values()), up
     client = load.between(t_advise - 60, t_advise)
-    summary = {"slo_ttft_ms": TTFT_SLO_MS, "window": WINDOW, "client": client, "load_s": round(t_advise - t_start),
-               "advise": {k: advice[k] for k in ("shape", "verdict", "ttft_s", "itl_p99_s", "requests_per_s")}}
+    summary = {
+        "slo_ttft_ms": TTFT_SLO_MS,
+        "window": WINDOW,
+        "client": client,
+        "load_s": round(t_advise - t_start),
+        "advise": {k: advice[k] for k in ("shape", "verdict", "ttft_s", "itl_p99_s", "requests_per_s")},
+    }
     (LOG_DIR / "advise.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\nadvise:", json.dumps(summary, indent=2))
     assert client["requests"] > 0, client

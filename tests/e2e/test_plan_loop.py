@@ -46,18 +46,59 @@ def test_profile_plan_apply_measure(cluster, inventory_copy):
     out = LOG_DIR / "plan-loop" / "apply"
     shutil.rmtree(profile.parent, ignore_errors=True)
     profile.parent.mkdir(parents=True)
-    res = run([str(BIN / "pdinfra"), "bench", "profile", str(runs[-1]), "-o", str(profile), "--hardware", "cpu-node",
-               "--machine", "the e2e run's local cluster"], log="plan-loop-profile")  # fmt: skip
+    res = run(
+        [
+            str(BIN / "pdinfra"),
+            "bench",
+            "profile",
+            str(runs[-1]),
+            "-o",
+            str(profile),
+            "--hardware",
+            "cpu-node",
+            "--machine",
+            "the e2e run's local cluster",
+        ],
+        log="plan-loop-profile",
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     prof = json.loads(profile.read_text())
     assert prof["prefill"] and prof["decode"] and prof["provenance"]["raw"], prof
-    res = run([str(BIN / "pdinfra"), "plan", "-i", str(inventory_copy), "-p", str(profile), "--rate", str(RATE),
-               "--isl", "256", "--osl", "32", "--cores-per-host", "2", "--apply", "--yes", "--measure-prompts", "30",
-               "--out", str(out)], log="plan-loop-apply", timeout=1500)  # fmt: skip
+    res = run(
+        [
+            str(BIN / "pdinfra"),
+            "plan",
+            "-i",
+            str(inventory_copy),
+            "-p",
+            str(profile),
+            "--rate",
+            str(RATE),
+            "--isl",
+            "256",
+            "--osl",
+            "32",
+            "--cores-per-host",
+            "2",
+            "--apply",
+            "--yes",
+            "--measure-prompts",
+            "30",
+            "--out",
+            str(out),
+        ],
+        log="plan-loop-apply",
+        timeout=1500,
+    )
     text = res.stdout + res.stderr
     assert res.returncode == 0, text[-5000:]
-    assert {p.name for p in out.iterdir()} >= {"plan.json", "change.diff", "deploy.log", "measure.json",
-                                               "compare.json"}, sorted(p.name for p in out.iterdir())  # fmt: skip
+    assert {p.name for p in out.iterdir()} >= {
+        "plan.json",
+        "change.diff",
+        "deploy.log",
+        "measure.json",
+        "compare.json",
+    }, sorted(p.name for p in out.iterdir())
     plan = json.loads((out / "plan.json").read_text())
     compare = json.loads((out / "compare.json").read_text())
     print("\n" + text[text.rfind("predicted vs measured") - 20 :][:3000])
@@ -69,8 +110,10 @@ def test_profile_plan_apply_measure(cluster, inventory_copy):
         assert model.layout == "agg" and len(roles) == chosen["units"], (chosen, roles)
     else:
         assert roles.count("prefill") == chosen["prefill"] and roles.count("decode") == chosen["decode"], chosen
-    units = "".join(on(h, "ls /etc/systemd/system/ | grep '^pdinfra-vllm-' || true", log=f"plan-loop-units-{h.name}")
-                    .stdout for h in cluster["hosts"])  # fmt: skip
+    units = "".join(
+        on(h, "ls /etc/systemd/system/ | grep '^pdinfra-vllm-' || true", log=f"plan-loop-units-{h.name}").stdout
+        for h in cluster["hosts"]
+    )
     assert sorted(units.split()) == sorted(f"pdinfra-vllm-{i.name}.service" for i in model.instances), units
     # measured at the planned rate, every request answered, and the deployed plan met its SLO
     assert compare["completed"] == compare["prompts"] > 0 and compare["failed"] == 0, compare

@@ -52,7 +52,7 @@ from e2e_helpers import (
 )
 
 from pdinfra import testhosts
-from pdinfra.serving import kv_integrity, smoke
+from pdinfra.serving import client, kv_integrity, smoke
 from pdinfra.testhosts import nspawn
 
 pytestmark = E2E_MARKS
@@ -72,12 +72,15 @@ class FaultReport:
     def line(self) -> str:
         ra = "no failed request" if self.route_around_s is None else f"{self.route_around_s:.1f} s"
         rec = "not recovered" if self.recovery_s is None else f"{self.recovery_s:.1f} s"
-        return (f"{self.fault}: {self.requests} requests, {self.failed} failed, {self.wrong} wrong, {self.hung} hung; "
-                f"routed around in {ra}; full recovery in {rec}")  # fmt: skip
+        return (
+            f"{self.fault}: {self.requests} requests, {self.failed} failed, {self.wrong} wrong, {self.hung} hung; "
+            f"routed around in {ra}; full recovery in {rec}"
+        )
 
 
-def analyse(fault: str, load: Load, t_fault: float, t_back: float | None, t_recovered: float | None,
-            detail: dict | None = None) -> FaultReport:  # fmt: skip
+def analyse(
+    fault: str, load: Load, t_fault: float, t_back: float | None, t_recovered: float | None, detail: dict | None = None
+) -> FaultReport:
     recs = sorted(load.recs, key=lambda r: r.t0)
     wrong = sorted(wrong_answers(load), key=lambda r: r.t0)
     hung = [r for r in recs if r.t1 - r.t0 >= REQUEST_TIMEOUT_S - 1]
@@ -85,14 +88,33 @@ def analyse(fault: str, load: Load, t_fault: float, t_back: float | None, t_reco
     window_end = t_back if t_back is not None else float("inf")
     during = [r for r in failed if r.t1 >= t_fault and r.t0 <= window_end]
     route = max(r.t1 for r in during) - t_fault if during else None
-    rep = FaultReport(fault, len(recs), len(failed), len(wrong), len(hung), route,
-                      None if t_recovered is None else t_recovered - t_fault, detail or {})  # fmt: skip
+    rep = FaultReport(
+        fault,
+        len(recs),
+        len(failed),
+        len(wrong),
+        len(hung),
+        route,
+        None if t_recovered is None else t_recovered - t_fault,
+        detail or {},
+    )
     rep.detail.setdefault("errors", sorted({r.error.split(":")[0] for r in failed})[:5])
     # what a wrong answer was, and when: a truncated text, the prefill's 1-token reply or another answer
-    rep.detail.setdefault("wrong", [{"prompt": r.prompt, "text": r.text, "ref": load.refs[r.prompt],
-                                     "t0_s": round(r.t0 - t_fault, 2), "t1_s": round(r.t1 - t_fault, 2),
-                                     "id": r.rid, "finish_reason": r.finish}
-                                    for r in wrong[:5]])  # fmt: skip
+    rep.detail.setdefault(
+        "wrong",
+        [
+            {
+                "prompt": r.prompt,
+                "text": r.text,
+                "ref": load.refs[r.prompt],
+                "t0_s": round(r.t0 - t_fault, 2),
+                "t1_s": round(r.t1 - t_fault, 2),
+                "id": r.rid,
+                "finish_reason": r.finish,
+            }
+            for r in wrong[:5]
+        ],
+    )
     rep.detail.setdefault("failed_after_back", sum(1 for r in failed if r.t0 > window_end))
     rep.detail.setdefault("kv_reads_after_release", load.after_release)
     print("\n" + rep.line(), flush=True)
@@ -115,8 +137,10 @@ def fault_table(data: dict) -> str:
         rec = "—" if v["recovery_s"] is None else f"{v['recovery_s']:.1f} s"
         drop = v["detail"].get("router_dropped_s")
         errors = ", ".join(v["detail"].get("errors", []))
-        rows.append(f"| {name} | {v['requests']} | {v['failed']}{f' ({errors})' if errors else ''} | {v['wrong']} | "
-                    f"{v['hung']} | {'—' if drop is None else f'{drop:.1f} s'} | {ra} | {rec} |")  # fmt: skip
+        rows.append(
+            f"| {name} | {v['requests']} | {v['failed']}{f' ({errors})' if errors else ''} | {v['wrong']} | "
+            f"{v['hung']} | {'—' if drop is None else f'{drop:.1f} s'} | {ra} | {rec} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -169,15 +193,19 @@ def ensure_all_healthy(timeout: float = RECOVERY_S) -> None:
         timeout = min(timeout, AFTER_BROKEN_S)
     for name, url in INSTANCES.items():
         if not wait_until(lambda u=url: healthy(u), timeout):
-            pytest.fail(f"{name} not healthy after {timeout:.0f} s"
-                        + (f" (left broken by: {', '.join(_broken)})" if _broken else ""))  # fmt: skip
+            pytest.fail(
+                f"{name} not healthy after {timeout:.0f} s"
+                + (f" (left broken by: {', '.join(_broken)})" if _broken else "")
+            )
     assert wait_until(lambda: all(router_health(u) == 1.0 for u in INSTANCES.values()), 60), get(ROUTER_METRICS)
 
 
 def journal(host: testhosts.TestHost, unit: str, log: str, lines: int = 40) -> str:
     """The unit's state and the last lines of its journal, for the failure message (CI shows only the tail)."""
-    cmd = (f"systemctl show -p ActiveState -p SubState -p NRestarts -p MainPID {unit}; "
-           f"journalctl --no-pager -o short-precise -n {lines} -u {unit} | cut -c1-300")  # fmt: skip
+    cmd = (
+        f"systemctl show -p ActiveState -p SubState -p NRestarts -p MainPID {unit}; "
+        f"journalctl --no-pager -o short-precise -n {lines} -u {unit} | cut -c1-300"
+    )
     res = on(host, cmd, log=log, timeout=60)
     return res.stdout[-6000:]
 
@@ -190,8 +218,12 @@ def require_right_answers(rep: FaultReport, cluster) -> None:
     for w in rep.detail.get("wrong", []):
         uuid = w["id"].rsplit("_", 1)[-1] if w.get("id") else ""
         for host in cluster["hosts"] if uuid else ():
-            res = on(host, f"journalctl --no-pager -o short-precise -u 'pdinfra-vllm-*' | grep -F {uuid} | cut -c1-400",
-                     log=f"wrong-{host.name}-{uuid[:8]}", timeout=60)  # fmt: skip
+            res = on(
+                host,
+                f"journalctl --no-pager -o short-precise -u 'pdinfra-vllm-*' | grep -F {uuid} | cut -c1-400",
+                log=f"wrong-{host.name}-{uuid[:8]}",
+                timeout=60,
+            )
             found.append(f"{host.name} {uuid}:\n{res.stdout[-3000:]}")
     pytest.fail(f"{rep.line()}\n{json.dumps(rep.detail.get('wrong', []), indent=1)}\n" + "\n".join(found))
 
@@ -223,12 +255,15 @@ def test_instances_refuse_direct_unauthenticated_requests(cluster):
 def test_key_files_are_root_only_and_the_key_is_never_logged(cluster):
     key = api_key()
     for host in cluster["hosts"]:
-        res = on(host, "stat -c '%a %U %n' /etc/pdinfra/instances/*.env /etc/pdinfra/{router,gateway}.env "
-                 "/etc/pdinfra/client.env 2>/dev/null; echo; grep -rlF -- \"$(grep -h '^VLLM_API_KEY=' "
-                 "/etc/pdinfra/instances/*.env | head -1 | cut -d= -f2)\" /etc/systemd/system /etc/pdinfra/*.json "
-                 "/etc/pdinfra/instances/*.json; journalctl --no-pager | grep -cF -- "
-                 "\"$(grep -h '^VLLM_API_KEY=' /etc/pdinfra/instances/*.env | head -1 | cut -d= -f2)\"",
-                 log=f"a0-key-files-{host.name}")  # fmt: skip
+        res = on(
+            host,
+            "stat -c '%a %U %n' /etc/pdinfra/instances/*.env /etc/pdinfra/{router,gateway}.env "
+            "/etc/pdinfra/client.env 2>/dev/null; echo; grep -rlF -- \"$(grep -h '^VLLM_API_KEY=' "
+            '/etc/pdinfra/instances/*.env | head -1 | cut -d= -f2)" /etc/systemd/system /etc/pdinfra/*.json '
+            "/etc/pdinfra/instances/*.json; journalctl --no-pager | grep -cF -- "
+            "\"$(grep -h '^VLLM_API_KEY=' /etc/pdinfra/instances/*.env | head -1 | cut -d= -f2)\"",
+            log=f"a0-key-files-{host.name}",
+        )
         stats = [line.split() for line in res.stdout.splitlines() if line.startswith(("600 ", "644 ", "640 "))]
         assert stats and all(s[0] == "600" and s[1] == "root" for s in stats), res.stdout
         assert res.stdout.strip().splitlines()[-1] == "0", f"the key is in {host.name}'s journal:\n{res.stdout}"
@@ -248,8 +283,9 @@ def test_only_the_router_port_answers_from_outside_the_cluster(cluster):
     # ports (32768-60999, no setting pins them); all on the node's address or loopback, the gateway on every one.
     ucx_ports, eph_ports = {}, {}
     for host in cluster["hosts"]:
-        res = on(host, "ss -Hltnp | grep -E 'VLLM|python|vllm-router|nginx'", log=f"a1-listeners-{host.name}",
-                 check=True)  # fmt: skip
+        res = on(
+            host, "ss -Hltnp | grep -E 'VLLM|python|vllm-router|nginx'", log=f"a1-listeners-{host.name}", check=True
+        )
         ports = set()
         for line in res.stdout.splitlines():
             addr, port = line.split()[3].rsplit(":", 1)
@@ -271,13 +307,18 @@ def test_only_the_router_port_answers_from_outside_the_cluster(cluster):
         assert connects("198.18.0.11", 8000, outside.netns), "the router port must answer clients"
         closed = [("198.18.0.11", p) for p in (8100, 5600, 8201, 5611, 29000, 9090, 9100, ucx_ports["node1"][0])]
         closed += [("198.18.0.12", p) for p in (8200, 5610, 9100, ucx_ports["node2"][0])]
-        closed += [(ip, eph_ports[n][0]) for n, ip in (("node1", "198.18.0.11"), ("node2", "198.18.0.12"))
-                   if eph_ports[n]]  # fmt: skip
+        closed += [
+            (ip, eph_ports[n][0]) for n, ip in (("node1", "198.18.0.11"), ("node2", "198.18.0.12")) if eph_ports[n]
+        ]
         answered = [f"{ip}:{p}" for ip, p in closed if connects(ip, p, outside.netns)]
         assert not answered, f"answered a host outside the cluster: {answered}"
         # The same ports answer a cluster peer (node2 -> node1) and the controller (pdinfra_admin_networks).
-        res = on(node(cluster, "node2"), "python3 -c \"import socket; s=socket.create_connection(('198.18.0.11', "
-                 "8100), 2); print('ok')\"", log="a1-peer-connect", check=True)  # fmt: skip
+        res = on(
+            node(cluster, "node2"),
+            "python3 -c \"import socket; s=socket.create_connection(('198.18.0.11', 8100), 2); print('ok')\"",
+            log="a1-peer-connect",
+            check=True,
+        )
         assert "ok" in res.stdout
         assert healthy(INSTANCES["prefill0"])
     finally:
@@ -313,9 +354,13 @@ def test_every_pdinfra_unit_runs_unprivileged_with_exposure_at_most_5(cluster):
 # ----------------------------------------------------------------------------- deep health
 def test_deep_health_probe_passes_over_every_path_and_validate_shows_it(cluster):
     n1 = node(cluster, "node1")
-    res = on(n1, "systemctl is-active pdinfra-probe.timer; systemctl start pdinfra-probe.service; "
-             "cat /var/lib/pdinfra/probe/last.json; echo ---; cat /var/lib/pdinfra/probe/pdinfra_probe.prom",
-             log="a3-probe", check=True)  # fmt: skip
+    res = on(
+        n1,
+        "systemctl is-active pdinfra-probe.timer; systemctl start pdinfra-probe.service; "
+        "cat /var/lib/pdinfra/probe/last.json; echo ---; cat /var/lib/pdinfra/probe/pdinfra_probe.prom",
+        log="a3-probe",
+        check=True,
+    )
     assert res.stdout.startswith("active"), res.stdout
     last = json.loads(res.stdout[res.stdout.index("{") : res.stdout.index("\n---\n")])
     assert last["ok"], last
@@ -324,7 +369,8 @@ def test_deep_health_probe_passes_over_every_path_and_validate_shows_it(cluster)
     # the KV integrity check: both pairs, one block to 90 % of max_model_len (2048 tokens: 48 ... 1840)
     integ = last["integrity"]
     assert integ["ok"] and {(c["pair"], c["tokens"]) for c in integ["cases"]} == {
-        (p, n) for p in ("prefill0->decode0", "prefill0->decode1") for n in (48, 528, 1040, 1840)}, integ
+        (p, n) for p in ("prefill0->decode0", "prefill0->decode1") for n in (48, 528, 1040, 1840)
+    }, integ
     assert "pdinfra_probe_kv_integrity_ok 1" in res.stdout
     checks = json.loads(on(n1, "pdinfra validate --json", log="a3-validate").stdout)
     dh = next(c for c in checks if c["id"] == "serving.deep_health")
@@ -403,8 +449,7 @@ def reference_streams() -> list[Stream]:
 
 def start_streams() -> list[Stream]:
     """Six streams started, each past its 20th token before this returns (all in flight)."""
-    streams = [Stream(api_key(), p, STREAM_TOKENS, token_ids=i % 2 == 0).start()
-               for i, p in enumerate(STREAM_PROMPTS)]  # fmt: skip
+    streams = [Stream(api_key(), p, STREAM_TOKENS, token_ids=i % 2 == 0).start() for i, p in enumerate(STREAM_PROMPTS)]
     assert wait_until(lambda: all(st.chunks >= 20 for st in streams), 30), [st.chunks for st in streams]
     return streams
 
@@ -413,9 +458,12 @@ def require_streams_completed(streams: list[Stream], refs: list[Stream]) -> None
     """Every stream ended whole ([DONE], every token, no error event), one response id each, and with the same
     greedy tokens as the uninterrupted run."""
     pairs = enumerate(zip(streams, refs, strict=True))
-    bad = [f"stream {i}: done={st.done} finish={st.finish!r} errors={st.errors} failure={st.failure!r} "
-           f"{len(st.text)} of {len(ref.text)} characters" for i, (st, ref) in pairs
-           if not st.complete() or len(st.response_ids) != 1 or st.text != ref.text or st.ids != ref.ids]
+    bad = [
+        f"stream {i}: done={st.done} finish={st.finish!r} errors={st.errors} failure={st.failure!r} "
+        f"{len(st.text)} of {len(ref.text)} characters"
+        for i, (st, ref) in pairs
+        if not st.complete() or len(st.response_ids) != 1 or st.text != ref.text or st.ids != ref.ids
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -453,12 +501,22 @@ def test_kill_one_decode_instance_under_load(cluster, refs):
         t_rotation = wait_until(lambda: counter(url, "vllm:request_success_total") > base, 60) if t_back else None
         t_cleared = wait_until(lambda: alert_firing("PdinfraInstanceDown", "decode0") is False, 60, step=1)
         time.sleep(3)
-    rep = analyse("kill decode0 (SIGKILL)", load, t_fault, t_back, t_rotation,
-                  {"router_dropped_s": None if t_dropped is None else round(t_dropped - t_fault, 1),
-                   "alert_fired_s": None if t_alert is None else round(t_alert - t_fault, 1),
-                   "alert_cleared_s": None if t_cleared is None else round(t_cleared - t_fault, 1)})  # fmt: skip
-    print(f"PdinfraInstanceDown fired {rep.detail['alert_fired_s']} s after the kill, "
-          f"cleared {rep.detail['alert_cleared_s']} s after it")  # fmt: skip
+    rep = analyse(
+        "kill decode0 (SIGKILL)",
+        load,
+        t_fault,
+        t_back,
+        t_rotation,
+        {
+            "router_dropped_s": None if t_dropped is None else round(t_dropped - t_fault, 1),
+            "alert_fired_s": None if t_alert is None else round(t_alert - t_fault, 1),
+            "alert_cleared_s": None if t_cleared is None else round(t_cleared - t_fault, 1),
+        },
+    )
+    print(
+        f"PdinfraInstanceDown fired {rep.detail['alert_fired_s']} s after the kill, "
+        f"cleared {rep.detail['alert_cleared_s']} s after it"
+    )
     require_right_answers(rep, cluster)
     require_streams_completed(streams, stream_refs)
     assert ready == [200] * len(ready), f"the public /health while decode0 was down: {ready}"
@@ -475,7 +533,7 @@ def test_kill_one_decode_instance_under_load(cluster, refs):
 
 def gateway_counter(name: str) -> float:
     """A counter of the API gateway's /metrics, summed over labels."""
-    return smoke.metric(smoke.parse_metrics(get(ROUTER + "/metrics")), name)
+    return client.metric(client.parse_metrics(get(ROUTER + "/metrics")), name)
 
 
 def test_with_every_decode_gone_streams_end_with_an_error_event(cluster, refs):
@@ -497,8 +555,11 @@ def test_with_every_decode_gone_streams_end_with_an_error_event(cluster, refs):
     finally:
         on(n2, "systemctl start pdinfra-vllm-decode0", log="b0b-start-decode0", check=True)
         on(n1, "systemctl start pdinfra-vllm-decode1", log="b0b-start-decode1", check=True)
-    silent = [f"stream {i}: done={st.done} errors={st.errors} failure={st.failure!r} after {st.chunks} chunks"
-              for i, st in enumerate(streams) if st.done or len(st.errors) != 1 or st.failure]  # fmt: skip
+    silent = [
+        f"stream {i}: done={st.done} errors={st.errors} failure={st.failure!r} after {st.chunks} chunks"
+        for i, st in enumerate(streams)
+        if st.done or len(st.errors) != 1 or st.failure
+    ]
     assert not silent, "\n".join(silent)
     print(f"\nevery decode killed: {len(streams)} streams ended with an error event, e.g. {streams[0].errors[0][:160]}")
     assert gateway_counter("pdinfra_gateway_broken_streams_total") == broken + len(streams)
@@ -525,11 +586,20 @@ def test_kill_the_prefill_instance_during_transfers(cluster, refs):
     outage = [r for r in load.recs if r.ok and r.t0 > t_fault and r.t1 < (t_back or t_fault)]
     first_ok = min((r.t1 for r in load.recs if r.ok and r.t0 >= t_fault), default=None)
     lat = sorted(r.t1 - r.t0 for r in outage)
-    rep = analyse("kill prefill0 (SIGKILL)", load, t_fault, t_ok, t_ok, detail={
-        "in_flight_at_kill": in_flight, "served_degraded": len(outage),
-        "answered_after_s": None if first_ok is None else round(first_ok - t_fault, 2),
-        "degraded_p50_s": round(lat[len(lat) // 2], 3) if lat else None,
-        "degraded_max_s": round(lat[-1], 3) if lat else None})  # fmt: skip
+    rep = analyse(
+        "kill prefill0 (SIGKILL)",
+        load,
+        t_fault,
+        t_ok,
+        t_ok,
+        detail={
+            "in_flight_at_kill": in_flight,
+            "served_degraded": len(outage),
+            "answered_after_s": None if first_ok is None else round(first_ok - t_fault, 2),
+            "degraded_p50_s": round(lat[len(lat) // 2], 3) if lat else None,
+            "degraded_max_s": round(lat[-1], 3) if lat else None,
+        },
+    )
     require_right_answers(rep, cluster)
     require_recovered(rep, n1, "pdinfra-vllm-prefill0", "b1-journal")
     assert rep.failed <= in_flight, f"{rep.failed} failed, {in_flight} in flight at the kill: {rep.detail}"
@@ -569,8 +639,14 @@ def test_cut_the_link_between_the_nodes_for_5_s(cluster, refs):
         base = counter(url, "vllm:request_success_total")
         t_rotation = wait_until(lambda: counter(url, "vllm:request_success_total") > base, 60) if t_back else None
         time.sleep(3)
-    rep = analyse("cut node2's link 5 s", load, t_fault, t_back, t_rotation,
-                  {"router_dropped_s": None if t_dropped is None else round(t_dropped - t_fault, 1)})  # fmt: skip
+    rep = analyse(
+        "cut node2's link 5 s",
+        load,
+        t_fault,
+        t_back,
+        t_rotation,
+        {"router_dropped_s": None if t_dropped is None else round(t_dropped - t_fault, 1)},
+    )
     require_right_answers(rep, cluster)
     require_recovered(rep, node(cluster, "node2"), "pdinfra-vllm-decode0", "b3-journal")
     assert rep.route_around_s is None or rep.route_around_s < REQUEST_TIMEOUT_S, rep
@@ -617,8 +693,12 @@ def test_a_failed_roll_stops_with_the_rest_still_serving(cluster, refs):
     there, and the instances not yet rolled keep their process and keep serving."""
     ensure_all_healthy()
     before = _main_pids(cluster)
-    res = playbook("-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}, "vllm_instance_health_timeout_s": 3}',
-                   log="c1-roll-failing", book="playbooks/serving.yml")  # fmt: skip
+    res = playbook(
+        "-e",
+        '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}, "vllm_instance_health_timeout_s": 3}',
+        log="c1-roll-failing",
+        book="playbooks/serving.yml",
+    )
     assert res.rc != 0, res.summary()
     assert res.failures and all("prefill0" in f.task for f in res.failures), res.summary()
     after = _main_pids(cluster)
@@ -637,8 +717,12 @@ def test_rerunning_resumes_the_roll_one_instance_at_a_time(cluster, refs):
     while the single prefill instance restarted: docs/reliability.md.)"""
     ensure_all_healthy()
     before = _main_pids(cluster)
-    res = playbook("-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}', log="c2-roll-resumed",
-                   book="playbooks/serving.yml")  # fmt: skip
+    res = playbook(
+        "-e",
+        '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}',
+        log="c2-roll-resumed",
+        book="playbooks/serving.yml",
+    )
     assert res.rc == 0, res.summary()
     restart = "vllm_instance : Restart (the router's health check routes around it meanwhile) pdinfra-vllm-"
     names = res.task_names()
@@ -653,6 +737,10 @@ def test_rerunning_resumes_the_roll_one_instance_at_a_time(cluster, refs):
         status, body = complete(ROUTER, p, api_key())
         assert status == 200 and body["choices"][0]["text"] == ref, body
     # Converged: nothing pending, the same command changes nothing.
-    again = playbook("-e", '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}', log="c3-roll-converged",
-                     book="playbooks/serving.yml")  # fmt: skip
+    again = playbook(
+        "-e",
+        '{"vllm_instance_extra_env": {"PDINFRA_ROLL": "broken"}}',
+        log="c3-roll-converged",
+        book="playbooks/serving.yml",
+    )
     assert unchanged(again), (again.summary(), again.changed_tasks())

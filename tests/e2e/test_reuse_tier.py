@@ -54,8 +54,12 @@ def tier(cluster):
     """Converge the overlay with `pdinfra up` (the smoke summary at its end includes the store proof)."""
     res = up_overlay(REUSE_INV, "r0-up-reuse")
     c = load_cluster(REUSE_INV, secrets=True)
-    yield {"up": res, "cluster": c, "ep": smoke.endpoints_from_cluster(c, api_key=c.secrets.api_key),
-           "hosts": cluster["hosts"]}  # fmt: skip
+    yield {
+        "up": res,
+        "cluster": c,
+        "ep": smoke.endpoints_from_cluster(c, api_key=c.secrets.api_key),
+        "hosts": cluster["hosts"],
+    }
 
 
 def node(tier, name: str):
@@ -78,9 +82,14 @@ def test_conformance_suite_passes_on_the_reuse_tier_overlay(tier):
 
 
 def test_the_master_runs_unprivileged_and_sandboxed(tier):
-    res = on(node(tier, "node1"), "systemctl show -p User --value pdinfra-kv-store; ps -o user= -p "
-             "$(systemctl show -p MainPID --value pdinfra-kv-store); systemd-analyze security --no-pager "
-             "pdinfra-kv-store | tail -1", log="r1-master-exposure", check=True)  # fmt: skip
+    res = on(
+        node(tier, "node1"),
+        "systemctl show -p User --value pdinfra-kv-store; ps -o user= -p "
+        "$(systemctl show -p MainPID --value pdinfra-kv-store); systemd-analyze security --no-pager "
+        "pdinfra-kv-store | tail -1",
+        log="r1-master-exposure",
+        check=True,
+    )
     user, proc_user, score = res.stdout.split("\n")[:3]
     assert user.strip() == proc_user.strip() == "pdinfra", res.stdout
     assert float(re.search(r"exposure level for \S+: ([0-9.]+)", score).group(1)) <= 5.0, res.stdout
@@ -103,8 +112,10 @@ def test_prompts_computed_on_one_host_load_from_the_store_on_another(tier):
     for p in proofs:
         print(p.evidence)
     assert all(p.ok for p in proofs), [p.evidence for p in proofs if not p.ok]
-    print(f"prefill1: median {statistics.median(reuse):.0f} ms from the store vs {statistics.median(cold):.0f} ms "
-          f"computing (max_tokens 4, ~{len(smoke.reuse_prompt('x').split())} words)")  # fmt: skip
+    print(
+        f"prefill1: median {statistics.median(reuse):.0f} ms from the store vs {statistics.median(cold):.0f} ms "
+        f"computing (max_tokens 4, ~{len(smoke.reuse_prompt('x').split())} words)"
+    )
 
 
 def test_mooncake_traffic_stays_on_the_test_hosts_addresses(tier):
@@ -164,8 +175,11 @@ FAULTS = {
     # the master process stops: connections are refused at once
     "stop": ("systemctl stop pdinfra-kv-store.service", "systemctl start pdinfra-kv-store.service"),
     # the master's host stops answering on its port: packets are dropped, connections and calls time out
-    "drop": ("nft add table inet pdtest && nft add chain inet pdtest in '{ type filter hook input priority -10; }' "
-             "&& nft add rule inet pdtest in tcp dport 50051 drop", "nft delete table inet pdtest"),
+    "drop": (
+        "nft add table inet pdtest && nft add chain inet pdtest in '{ type filter hook input priority -10; }' "
+        "&& nft add rule inet pdtest in tcp dport 50051 drop",
+        "nft delete table inet pdtest",
+    ),
 }
 
 
@@ -202,15 +216,21 @@ def test_the_store_master_gone_for_20_s_under_load(tier, fault):
         lat = sorted(1000 * (r.t1 - r.t0) for r in rs if r.ok)
         if not lat:
             return f"{name}: none answered"
-        return (f"{name}: {len(lat)} answered, p50 {statistics.median(lat):.0f} ms, max {lat[-1]:.0f} ms")
+        return f"{name}: {len(lat)} answered, p50 {statistics.median(lat):.0f} ms, max {lat[-1]:.0f} ms"
 
-    phases = "; ".join([phase("before", [r for r in recs if r.t1 < t_stop]),
-                        phase("overlapping the outage", [r for r in recs if r.t1 >= t_stop and r.t0 <= t_start]),
-                        phase("after", [r for r in recs if r.t0 > t_start])])  # fmt: skip
+    phases = "; ".join(
+        [
+            phase("before", [r for r in recs if r.t1 < t_stop]),
+            phase("overlapping the outage", [r for r in recs if r.t1 >= t_stop and r.t0 <= t_start]),
+            phase("after", [r for r in recs if r.t0 > t_start]),
+        ]
+    )
     again = "never (180 s)" if t_reuse is None else f"{t_reuse - t_start:.0f} s after it came back"
-    summary = (f"master gone 20 s ({fault}) under load: {len(recs)} requests, {len(failed)} failed, "
-               f"{len(wrong)} wrong, {len(hung)} hung; {sum(1 for r in down if r.ok)} answered within the outage; "
-               f"{phases}; store reuse again {again}")  # fmt: skip
+    summary = (
+        f"master gone 20 s ({fault}) under load: {len(recs)} requests, {len(failed)} failed, "
+        f"{len(wrong)} wrong, {len(hung)} hung; {sum(1 for r in down if r.ok)} answered within the outage; "
+        f"{phases}; store reuse again {again}"
+    )
     print(summary)
     (LOG_DIR / f"reuse-tier-master-{fault}.txt").write_text(summary + "\n" + "\n".join(map(str, failed[:20])) + "\n")
     assert not wrong and not hung, (summary, wrong[:3], hung[:3])

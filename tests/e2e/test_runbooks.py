@@ -48,8 +48,10 @@ pytestmark = E2E_MARKS
 LOCAL = INV.parent
 NODE1 = {"ansible_host": "198.18.0.11", "pdinfra_address": "198.18.0.11/24", "pdinfra_testhost": True}
 NODE2 = {"ansible_host": "198.18.0.12", "pdinfra_address": "198.18.0.12/24", "pdinfra_testhost": True}
-KEY_LINE = ("{{ lookup('ansible.builtin.password', inventory_dir ~ '/credentials/api.key', length=40, "
-            "chars=['ascii_letters', 'digits']) }}")  # fmt: skip  (inventory/examples/hgx-h100/group_vars/all.yml)
+KEY_LINE = (
+    "{{ lookup('ansible.builtin.password', inventory_dir ~ '/credentials/api.key', length=40, "
+    "chars=['ascii_letters', 'digits']) }}"
+)  # (inventory/examples/hgx-h100/group_vars/all.yml)
 # node2's instance and the ports a host outside the cluster must never reach, drained or not
 NODE2_CLOSED = (8200, 5610, 9100, 20000)
 RECOVERY_S = 600
@@ -64,8 +66,10 @@ def _write(inv: Path, with_node2: bool) -> Path:
         "pd_cluster": {"hosts": {h: {} for h in hgx}},
         "router": {"hosts": {"node1": {}}},
     }}}  # fmt: skip
-    (inv / "hosts.yml").write_text("---\n# Shaped like inventory/examples/hgx-h100 (tests/e2e/test_runbooks.py)\n"
-                                   + yaml.safe_dump(doc, sort_keys=False))  # fmt: skip
+    (inv / "hosts.yml").write_text(
+        "---\n# Shaped like inventory/examples/hgx-h100 (tests/e2e/test_runbooks.py)\n"
+        + yaml.safe_dump(doc, sort_keys=False)
+    )
     return inv / "hosts.yml"
 
 
@@ -90,16 +94,24 @@ def hgx_inv(tmp_path_factory, cluster) -> Path:
 
 def _reach(ip: str, port: int, netns: str, timeout: float = 1.0) -> str:
     """'open', 'refused' (a host with no firewall answers RST for a port nobody listens on) or 'timeout' (dropped)."""
-    code = (f"import socket,errno\ns=socket.socket()\ns.settimeout({timeout})\nr=s.connect_ex(('{ip}',{port}))\n"
-            "print('open' if r==0 else 'refused' if r==errno.ECONNREFUSED else 'timeout')")  # fmt: skip
-    res = subprocess.run(["ip", "netns", "exec", netns, "python3", "-c", code], capture_output=True, text=True,
-                         timeout=timeout + 10)  # fmt: skip
+    code = (
+        f"import socket,errno\ns=socket.socket()\ns.settimeout({timeout})\nr=s.connect_ex(('{ip}',{port}))\n"
+        "print('open' if r==0 else 'refused' if r==errno.ECONNREFUSED else 'timeout')"
+    )
+    res = subprocess.run(
+        ["ip", "netns", "exec", netns, "python3", "-c", code], capture_output=True, text=True, timeout=timeout + 10
+    )
     return res.stdout.strip() or "timeout"
 
 
 def _pids(host) -> dict[str, str]:
-    res = on(host, "for u in $(systemctl list-units --no-legend --plain 'pdinfra-vllm-*' | awk '{print $1}'); do "
-             "echo $u $(systemctl show -p MainPID --value $u); done", log=f"runbook-pids-{host.name}", check=True)
+    res = on(
+        host,
+        "for u in $(systemctl list-units --no-legend --plain 'pdinfra-vllm-*' | awk '{print $1}'); do "
+        "echo $u $(systemctl show -p MainPID --value $u); done",
+        log=f"runbook-pids-{host.name}",
+        check=True,
+    )
     return dict(line.split() for line in res.stdout.splitlines() if line.strip())
 
 
@@ -186,8 +198,12 @@ def test_drain_keeps_the_ports_closed(cluster, hgx_inv):
         probe("everything stopped")
         assert "table inet pdinfra" in on(n2, "nft list tables", log="runbook-c-tables2").stdout
     finally:
-        on(n2, "systemctl start $(systemctl list-unit-files --no-legend 'pdinfra-*.service' "
-               "| awk '$2 == \"enabled\" {print $1}')", log="runbook-c-start")  # fmt: skip
+        on(
+            n2,
+            "systemctl start $(systemctl list-unit-files --no-legend 'pdinfra-*.service' "
+            "| awk '$2 == \"enabled\" {print $1}')",
+            log="runbook-c-start",
+        )
         nspawn._teardown_netns(outside)
     reached = [s for s in seen if s[2] != "timeout"]
     assert not reached, f"node2's ports answered a host outside the cluster: {reached}"

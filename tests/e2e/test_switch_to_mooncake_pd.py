@@ -72,8 +72,9 @@ def test_every_prefill_decode_pair_moves_kv_over_mooncake(mooncake):
 
 
 def test_router_speaks_mooncake_with_each_prefills_bootstrap_port(mooncake):
-    res = on(node(mooncake, "node1"), "systemctl show -p ExecStart --value pdinfra-router", log="m1-router-unit",
-             check=True)  # fmt: skip
+    res = on(
+        node(mooncake, "node1"), "systemctl show -p ExecStart --value pdinfra-router", log="m1-router-unit", check=True
+    )
     assert "--kv-connector mooncake" in res.stdout, res.stdout
     assert "--prefill http://198.18.0.11:8100 5600" in res.stdout, res.stdout
 
@@ -94,11 +95,13 @@ def test_second_converge_of_the_overlay_changes_nothing(mooncake):
 def test_mooncake_cpu_shim_is_still_needed(mooncake):
     """vLLM 0.32's MooncakeConnectorWorker asks torch.accelerator for a device (none on CPU); the shim answered 0 (it
     says so in the journal). This fails once vLLM stops asking: then remove pdinfra.serving.mooncake_cpu."""
-    res = on(node(mooncake, "node1"),
-             "grep -c 'torch.accelerator.current_device_index()' /opt/pdinfra/venv/lib/python3*/site-packages/vllm/"
-             "distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py || true; "
-             f"journalctl --no-pager -u pdinfra-vllm-prefill0 | grep -cF '{mooncake_cpu.MESSAGE}' || true",
-             log="m3-mooncake-shim")  # fmt: skip
+    res = on(
+        node(mooncake, "node1"),
+        "grep -c 'torch.accelerator.current_device_index()' /opt/pdinfra/venv/lib/python3*/site-packages/vllm/"
+        "distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py || true; "
+        f"journalctl --no-pager -u pdinfra-vllm-prefill0 | grep -cF '{mooncake_cpu.MESSAGE}' || true",
+        log="m3-mooncake-shim",
+    )
     counts = [int(x) for x in res.stdout.split()[:2]]
     assert counts[0] >= 1, "vLLM's Mooncake connector no longer asks for an accelerator: remove the shim"
     assert counts[1] >= 1, f"the shim did not act on prefill0 (journal): {res.stdout}"
@@ -160,14 +163,19 @@ def test_mooncake_parallel_sampling_shim_is_still_needed(mooncake):
     a transfer once ("not enqueued in P side yet": the later pull waits 480 s). The shim let one child pull and the
     others compute the prompt (it says so in the decode's journal: completion_n2 above asked for n = 2). This fails
     once the installed vLLM changes either side: then check whether pdinfra.serving.mooncake_parallel can go."""
-    src = ("/opt/pdinfra/venv/lib/python3*/site-packages/vllm/distributed/kv_transfer/kv_connector/v1/mooncake/"
-           "mooncake_connector.py")  # fmt: skip
+    src = (
+        "/opt/pdinfra/venv/lib/python3*/site-packages/vllm/distributed/kv_transfer/kv_connector/v1/mooncake/"
+        "mooncake_connector.py"
+    )
     counts = []
     for h in mooncake["hosts"]:
-        res = on(h, f"grep -cE 'Only trigger 1 KV transfer per request|This req is not enqueued in P side yet' {src} "
-                    "|| true; journalctl --no-pager -u 'pdinfra-vllm-decode*' "
-                    "| grep -c 'pdinfra.serving.mooncake_parallel' || true",
-                 log=f"m5-parallel-shim-{h.name}")  # fmt: skip
+        res = on(
+            h,
+            f"grep -cE 'Only trigger 1 KV transfer per request|This req is not enqueued in P side yet' {src} "
+            "|| true; journalctl --no-pager -u 'pdinfra-vllm-decode*' "
+            "| grep -c 'pdinfra.serving.mooncake_parallel' || true",
+            log=f"m5-parallel-shim-{h.name}",
+        )
         counts.append([int(x) for x in res.stdout.split()[:2]])
     assert all(c[0] == 2 for c in counts), f"vLLM's Mooncake connector changed where n > 1 hung: {counts}"
     assert sum(c[1] for c in counts) >= 1, f"the shim did not act on a decode instance (journal): {counts}"

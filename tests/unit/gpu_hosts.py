@@ -35,8 +35,10 @@ def load(path: Path) -> dict:
 def smi_lines(facts: dict) -> list[str]:
     """nvidia-smi --query-gpu=driver_version,persistence_mode --format=csv,noheader, from the facts' NVML part."""
     gpus = facts.get("gpus") or {}
-    return [f"{gpus.get('driver_version')}, {'Enabled' if d.get('persistence_mode') else 'Disabled'}"
-            for d in gpus.get("devices") or []]  # fmt: skip
+    return [
+        f"{gpus.get('driver_version')}, {'Enabled' if d.get('persistence_mode') else 'Disabled'}"
+        for d in gpus.get("devices") or []
+    ]
 
 
 def driver_tree(facts: dict, dest: Path, dpkg: list[str] | None = None, smi: list[str] | None = None) -> Path:
@@ -50,8 +52,10 @@ def driver_tree(facts: dict, dest: Path, dpkg: list[str] | None = None, smi: lis
     (dest / "proc").mkdir(parents=True, exist_ok=True)
     (dest / "proc/modules").write_text("".join(f"{m} 16384 0 - Live 0x0000000000000000\n" for m in loaded))
     pci = facts.get("pci") or {}
-    for bdf, cls in [*((b, "0x030200") for b in pci.get("gpus") or []),
-                     *((b, "0x068000") for b in pci.get("nvswitches") or [])]:  # fmt: skip
+    for bdf, cls in [
+        *((b, "0x030200") for b in pci.get("gpus") or []),
+        *((b, "0x068000") for b in pci.get("nvswitches") or []),
+    ]:
         d = dest / "sys/bus/pci/devices" / bdf
         d.mkdir(parents=True, exist_ok=True)
         (d / "vendor").write_text("0x10de\n")

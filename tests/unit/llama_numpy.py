@@ -31,9 +31,7 @@ def logits(w: dict[str, np.ndarray], cfg: dict, ids: list[int], kv_hook: KVHook 
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = _rms(x, w[p + "input_layernorm.weight"], eps)
-        q, k, v = (
-            (h @ w[p + f"self_attn.{n}_proj.weight"].T).reshape(t, nh, hd) for n in ("q", "k", "v")
-        )
+        q, k, v = ((h @ w[p + f"self_attn.{n}_proj.weight"].T).reshape(t, nh, hd) for n in ("q", "k", "v"))
         q, k = _rope(q, cfg["rope_theta"]), _rope(k, cfg["rope_theta"])
         if kv_hook is not None:
             k, v = kv_hook(i, k, v)

@@ -1,4 +1,4 @@
-"""Bandwidth acceptance (`pdinfra validate --acceptance`, pdinfra/transfer/acceptance.py) without a GPU: nccl-tests'
+"""Bandwidth acceptance (`pdinfra validate --acceptance`, pdinfra.transfer.acceptance) without a GPU: nccl-tests'
 bus bandwidth formulas, the per-SKU verdicts (the one-GPU n/a among them), the perftest parser and rail plan, the
 measurement's plumbing with a stand-in torch, and the CLI options with the measurement monkeypatched."""
 
@@ -15,12 +15,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from pdinfra.cli import host as cli_host
 from pdinfra.cli.host import validate_cmd
 from pdinfra.cluster import profiles
 from pdinfra.host.facts import gather
-from pdinfra.transfer import accept_worker
 from pdinfra.transfer import acceptance as A
+from pdinfra.transfer import validation
+from pdinfra.transfer.acceptance import worker as accept_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS = ROOT / "tests" / "fixtures" / "hosts"
@@ -85,9 +85,15 @@ def _facts(name: str, n: int, hostname: str = "node") -> dict:
     }
 
 
-def _measurement(n: int, all_reduce_busbw: float, all_gather_busbw: float = 360.0, h2d: float = 55.2,
-                 d2h: float = 55.1, p2p: float = 392.0,
-                 sizes: tuple[int, ...] = A.COLLECTIVE_SIZES) -> dict:  # fmt: skip
+def _measurement(
+    n: int,
+    all_reduce_busbw: float,
+    all_gather_busbw: float = 360.0,
+    h2d: float = 55.2,
+    d2h: float = 55.1,
+    p2p: float = 392.0,
+    sizes: tuple[int, ...] = A.COLLECTIVE_SIZES,
+) -> dict:
     """What measure_local returns, with the times that give these bus bandwidths (one rank: a local copy)."""
 
     def entry(op: str, busbw: float) -> dict:
@@ -96,18 +102,34 @@ def _measurement(n: int, all_reduce_busbw: float, all_gather_busbw: float = 360.
         return {"rows": rows, "skipped": [], "validated": True, "error": ""}
 
     return {
-        "gpus": n, "torch": "2.9.0", "nccl": "2.27.3", "error": "",
-        "collectives": {"all_reduce": entry("all_reduce", all_reduce_busbw),
-                        "all_gather": entry("all_gather", all_gather_busbw)},
-        "copies": {"bytes": 512 * MIB, "error": "", "h2d": {str(g): h2d for g in range(n)},
-                   "d2h": {str(g): d2h for g in range(n)}, "cpus": {},
-                   "p2p": {f"{a}->{b}": p2p for a in range(n) for b in range(n) if a != b}, "peer_access": {}},
-    }  # fmt: skip
+        "gpus": n,
+        "torch": "2.9.0",
+        "nccl": "2.27.3",
+        "error": "",
+        "collectives": {
+            "all_reduce": entry("all_reduce", all_reduce_busbw),
+            "all_gather": entry("all_gather", all_gather_busbw),
+        },
+        "copies": {
+            "bytes": 512 * MIB,
+            "error": "",
+            "h2d": {str(g): h2d for g in range(n)},
+            "d2h": {str(g): d2h for g in range(n)},
+            "cpus": {},
+            "p2p": {f"{a}->{b}": p2p for a in range(n) for b in range(n) if a != b},
+            "peer_access": {},
+        },
+    }
 
 
 def _judge(facts: dict, meas: dict, hardware: str | None = None) -> dict[str, A.CheckResult]:
-    res, _ = A.run(facts, A.AcceptanceConfig(), hardware=hardware, measure=lambda plan, progress=None: meas,
-                   which=lambda name: None)  # fmt: skip
+    res, _ = A.run(
+        facts,
+        A.AcceptanceConfig(),
+        hardware=hardware,
+        measure=lambda plan, progress=None: meas,
+        which=lambda name: None,
+    )
     return {r.id: r for r in res}
 
 
@@ -217,7 +239,10 @@ def test_failures_to_measure_fail() -> None:
     missing = {"error": "torch is not installed in this Python", "missing": "torch"}
     if _no_torch():
         assert accept_worker.measure_local({"gpus": 1}) | {"collectives": {}, "copies": {}} == missing | {
-            "gpus": 1, "collectives": {}, "copies": {}}  # fmt: skip
+            "gpus": 1,
+            "collectives": {},
+            "copies": {},
+        }
     got = _judge(_facts("NVIDIA H200", 1), missing)
     assert got["accept.nccl"].verdict == "fail" and "venv" in got["accept.nccl"].remedy
 
@@ -239,8 +264,9 @@ def test_cpu_host_has_nothing_to_accept() -> None:
 
 
 def test_report_round_trips() -> None:
-    res, report = A.run(_facts("NVIDIA H200", 8), measure=lambda plan, progress=None: _measurement(8, 440.0),
-                        which=lambda name: None)  # fmt: skip
+    res, report = A.run(
+        _facts("NVIDIA H200", 8), measure=lambda plan, progress=None: _measurement(8, 440.0), which=lambda name: None
+    )
     again = A.to_checks(json.loads(json.dumps(report)))
     assert [r.to_dict() for r in again] == [r.to_dict() for r in res]
 
@@ -318,14 +344,18 @@ def test_parse_ib_write_bw_gbits_with_cuda() -> None:
 def test_parse_ib_write_bw_other_units_and_rows() -> None:
     # Rows as reported in linux-rdma/perftest#65 (MB/sec: perftest's MiB, 0x100000 bytes, named MiB/sec since
     # 2024) and #273 (Gb/sec); the last row of a table is the result.
-    mb = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n" \
-         "1024       1000             0.00               5544.28\t\t   5.677340\n"  # fmt: skip
+    mb = (
+        " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n"
+        "1024       1000             0.00               5544.28\t\t   5.677340\n"
+    )
     assert A.parse_ib_write_bw(mb)["gbits"] == pytest.approx(5544.28 * 1048576 * 8 / 1e9, abs=0.01)
     mib = mb.replace("MB/sec", "MiB/sec")
     assert A.parse_ib_write_bw(mib)["gbits"] == A.parse_ib_write_bw(mb)["gbits"]
-    sweep = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n" \
-            " 8          224958464        0.00               0.48   \t\t   7.498617\n" \
-            " 8388608    5000             380.10             379.95 \t\t     0.005662\n"  # fmt: skip
+    sweep = (
+        " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+        " 8          224958464        0.00               0.48   \t\t   7.498617\n"
+        " 8388608    5000             380.10             379.95 \t\t     0.005662\n"
+    )
     assert A.parse_ib_write_bw(sweep)["bytes"] == 8388608 and A.parse_ib_write_bw(sweep)["gbits"] == 379.95
     for text in ("", "Couldn't connect to 127.0.0.1:18510\n", IB_WRITE_BW_CUDA_GBITS.split(" #bytes")[0]):
         assert A.parse_ib_write_bw(text) is None
@@ -344,8 +374,24 @@ def test_rail_plan_follows_the_ucx_roles_affinity(h100_facts) -> None:
     assert r0.dmabuf  # no nvidia_peermem, dma-buf supported: --use_cuda_dmabuf
     cfg = A.AcceptanceConfig()
     server, client = A.rail_commands(rails[5], 5, cfg)
-    assert server == ["ib_write_bw", "-d", "mlx5_5", "-i", "1", "--use_cuda=5", "--use_cuda_dmabuf", "-x", "3", "-s",
-                      "8388608", "-F", "--report_gbits", "--perform_warm_up", "-p", "18515"]  # fmt: skip
+    assert server == [
+        "ib_write_bw",
+        "-d",
+        "mlx5_5",
+        "-i",
+        "1",
+        "--use_cuda=5",
+        "--use_cuda_dmabuf",
+        "-x",
+        "3",
+        "-s",
+        "8388608",
+        "-F",
+        "--report_gbits",
+        "--perform_warm_up",
+        "-p",
+        "18515",
+    ]
     assert client == [*server, "127.0.0.1"]
     peer = A.AcceptanceConfig(peer="root@node2")
     server, client = A.rail_commands(rails[0], 0, peer, numactl=True)
@@ -364,8 +410,10 @@ def test_rail_plan_by_pcie_distance_without_the_ucx_files(h100_facts) -> None:
     paths = {d["bus_id"]: ["pci0000:00", f"0000:00:0{i}.0", d["bus_id"]] for i, d in enumerate(gpus)}
     paths |= {d["pci"]: ["pci0000:00", f"0000:00:0{i}.0", d["pci"]] for i, d in enumerate(nics)}
     rails, _ = A.plan_rails(facts, lambda bdf: paths.get(bdf, []))
-    assert [(r.rdma_dev, r.gpu, r.how) for r in rails][:2] == [("mlx5_0", 0, "closest GPU (PXB)"),
-                                                                ("mlx5_1", 1, "closest GPU (PXB)")]  # fmt: skip
+    assert [(r.rdma_dev, r.gpu, r.how) for r in rails][:2] == [
+        ("mlx5_0", 0, "closest GPU (PXB)"),
+        ("mlx5_1", 1, "closest GPU (PXB)"),
+    ]
     assert not rails[0].dmabuf  # nvidia_peermem: plain --use_cuda
     rails, _ = A.plan_rails(facts, None)  # NUMA only: the four GPUs of node 0 spread over its four NICs
     assert [r.gpu for r in rails] == [0, 1, 2, 3, 4, 5, 6, 7] and rails[0].how == "closest GPU (NODE)"
@@ -398,8 +446,7 @@ def test_rdma_runs_and_is_judged_per_rail(h100_facts) -> None:
         return {"client_rc": 0, "client": IB_WRITE_BW_CUDA_GBITS.replace("371.62", rate), "server": ""}
 
     cfg = A.AcceptanceConfig(rdma=True)
-    section = A.rdma_section(h100_facts, cfg, fake_pair, which=lambda n: f"/usr/bin/{n}",
-                             probe=lambda a: "--use_cuda")  # fmt: skip
+    section = A.rdma_section(h100_facts, cfg, fake_pair, which=lambda n: f"/usr/bin/{n}", probe=lambda a: "--use_cuda")
     assert len(calls) == 8 and calls[0][1][-1] == "127.0.0.1"
     got = {r.id: r for r in A._rdma_checks(section, profiles.H200_SXM, "hgx-h200-8gpu", "h")}
     assert got["accept.rdma mlx5_0"].verdict == "pass" and "371.6 Gb/s" in got["accept.rdma mlx5_0"].evidence
@@ -461,7 +508,7 @@ cuda = types.SimpleNamespace(
 )
 '''
 
-FAKE_DIST = '''
+FAKE_DIST = """
 import types
 import torch
 ReduceOp = types.SimpleNamespace(MIN="min", MAX="max", SUM="sum")
@@ -473,7 +520,7 @@ def all_reduce(t, op="sum"):
 def all_gather_into_tensor(out, inp): out.v = ["arange"] * len(out.v)
 def barrier(device_ids=None): pass
 def destroy_process_group(): pass
-'''
+"""
 
 
 def test_measure_local_plumbing_with_a_stand_in_torch(tmp_path, monkeypatch) -> None:
@@ -530,15 +577,24 @@ def test_cli_acceptance_options_reach_the_measurement(cli, h100_facts, tmp_path,
         return _measurement(8, 470.0)
 
     runs = []
-    monkeypatch.setattr(cli_host, "gather", lambda root="/": copy.deepcopy(h100_facts))
+    monkeypatch.setattr(validation, "gather", lambda root="/": copy.deepcopy(h100_facts))
     monkeypatch.setattr(accept_worker, "measure_local", fake_measure)
     monkeypatch.setattr(A, "_which", lambda name: f"/usr/bin/{name}")
-    monkeypatch.setattr(A, "_probe", lambda argv: "--use_cuda=<gpu>")
+    monkeypatch.setattr(A, "rail_probe", lambda argv: "--use_cuda=<gpu>")
     h100_rail = IB_WRITE_BW_CUDA_GBITS.replace("371.62", "385.40")  # H100's figure is 380 Gb/s
     monkeypatch.setattr(A, "run_ib_pair", lambda s, c, t: runs.append(c) or {"client_rc": 0, "client": h100_rail})
     out = tmp_path / "accept.json"
-    res = _invoke(cli, "--acceptance-rdma", "--acceptance-max-bytes", "16GiB", "--acceptance-output", str(out),
-                  "--cluster", str(tmp_path / "none.json"), "--json")  # fmt: skip
+    res = _invoke(
+        cli,
+        "--acceptance-rdma",
+        "--acceptance-max-bytes",
+        "16GiB",
+        "--acceptance-output",
+        str(out),
+        "--cluster",
+        str(tmp_path / "none.json"),
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     assert seen["plan"]["max_bytes"] == 16 * GIB and seen["plan"]["gpus"] == 8
     assert len(runs) == 8  # --acceptance-rdma implies --acceptance and runs every rail
@@ -557,8 +613,8 @@ def test_cli_acceptance_options_reach_the_measurement(cli, h100_facts, tmp_path,
 
 def test_cli_acceptance_reads_the_nodes_hardware_profile(cli, h100_facts, tmp_path, monkeypatch) -> None:
     seen = {}
-    monkeypatch.setattr(cli_host, "gather", lambda root="/": copy.deepcopy(h100_facts))
-    monkeypatch.setattr(cli_host, "_node_cluster", lambda path: (_Cluster("hgx-01", "hgx-h200-8gpu"), "hgx-01"))
+    monkeypatch.setattr(validation, "gather", lambda root="/": copy.deepcopy(h100_facts))
+    monkeypatch.setattr(validation, "node_cluster", lambda path: (_Cluster("hgx-01", "hgx-h200-8gpu"), "hgx-01"))
     monkeypatch.setattr(A, "_which", lambda name: None)
 
     def fake_run(facts, cfg, hardware=None, progress=None):
@@ -580,7 +636,7 @@ def test_cli_acceptance_bad_arguments(cli, h100_facts, tmp_path, monkeypatch) ->
     facts.write_text(json.dumps(h100_facts))
     res = _invoke(cli, "--acceptance", "--facts", str(facts))
     assert res.exit_code == 2 and "measures this machine" in res.output
-    monkeypatch.setattr(cli_host, "gather", lambda root="/": copy.deepcopy(h100_facts))
+    monkeypatch.setattr(validation, "gather", lambda root="/": copy.deepcopy(h100_facts))
     monkeypatch.setattr(accept_worker, "measure_local", lambda *a: pytest.fail("must not measure"))
     for size in ("lots", "0"):
         res = _invoke(cli, "--acceptance", "--acceptance-max-bytes", size)

@@ -41,8 +41,9 @@ class FakeProm:
                 fake.queries.append(q)
                 head = q.split(" and on (pd_instance) ")[0]  # before advise.SETTLED, which every tail carries
                 key = next(k for k, m in KEYS.items() if m in head)
-                result = [{"metric": {"pd_role": role}, "value": [0, str(v)]}
-                          for role, v in fake.values.get(key, {}).items()]  # fmt: skip
+                result = [
+                    {"metric": {"pd_role": role}, "value": [0, str(v)]} for role, v in fake.values.get(key, {}).items()
+                ]
                 body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -143,17 +144,23 @@ def test_no_prometheus_is_an_error_naming_the_url(cluster):
 def test_cli_prints_the_advice_and_refuses_a_bad_window():
     prom = FakeProm(case(e2e_q_s={"prefill": 2.5}, queue_s={"prefill": 1.8}))
     try:
-        res = subprocess.run([str(BIN / "pdinfra"), "advise", "--prometheus", prom.url], capture_output=True,
-                             text=True, timeout=120)  # fmt: skip
+        res = subprocess.run(
+            [str(BIN / "pdinfra"), "advise", "--prometheus", prom.url], capture_output=True, text=True, timeout=120
+        )
         assert res.returncode == 0, res.stderr
         assert "rebalance" in res.stdout and "add a prefill instance" in res.stdout, res.stdout
-        res = subprocess.run([str(BIN / "pdinfra"), "advise", "--prometheus", prom.url, "--json"],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        res = subprocess.run(
+            [str(BIN / "pdinfra"), "advise", "--prometheus", prom.url, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert json.loads(res.stdout)["verdict"] == "rebalance"
     finally:
         prom.close()
-    bad = subprocess.run([str(BIN / "pdinfra"), "advise", "--window", "ten"], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    bad = subprocess.run(
+        [str(BIN / "pdinfra"), "advise", "--window", "ten"], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and "--window 'ten'" in bad.stderr
 
 

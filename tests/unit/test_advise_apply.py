@@ -14,8 +14,8 @@ import pytest
 
 from pdinfra.bench import advise, apply
 from pdinfra.cluster import edit
+from pdinfra.cluster.checker import ClusterError
 from pdinfra.cluster.inventory import load_cluster
-from pdinfra.cluster.resolve import ClusterError
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "inventory" / "local"
@@ -30,8 +30,9 @@ def inv(tmp_path) -> Path:
 
 
 def advice_with(cluster, change: advise.Change | None, verdict: str = "rebalance") -> advise.Advice:
-    return advise.Advice(cluster.layout, "1m", "http://127.0.0.1:9", "", verdict, "", [], [], {}, None, None, {},
-                         change)  # fmt: skip
+    return advise.Advice(
+        cluster.layout, "1m", "http://127.0.0.1:9", "", verdict, "", [], [], {}, None, None, {}, change
+    )
 
 
 def test_ttft_over_the_slo_carries_a_retarget_of_the_decode_instance_beside_the_prefill_one(inv):
@@ -104,8 +105,11 @@ def test_a_variable_set_in_two_places_is_not_edited(inv):
         1,
     )
     inv.write_text(hosts)
-    with pytest.raises(edit.EditError, match=r"pdinfra_instances for host node1 is set in 2 places .*node1\.yml.*"
-                                             r"hosts\.yml \(all\.hosts\.node1\)"):  # fmt: skip
+    with pytest.raises(
+        edit.EditError,
+        match=r"pdinfra_instances for host node1 is set in 2 places .*node1\.yml.*"
+        r"hosts\.yml \(all\.hosts\.node1\)",
+    ):
         edit.retarget_instance(inv, "node1", 1, "prefill", "prefill1")
 
 
@@ -136,13 +140,22 @@ def test_write_refuses_a_file_changed_since_the_plan(inv):
 
 def test_advice_without_a_change_has_nothing_to_apply(inv):
     with pytest.raises(apply.ApplyError, match="add-capacity.*add a prefill and a decode instance"):
-        apply.plan(inv, advise.Advice("pd", "1m", "", "", "add-capacity", "", ["add a prefill and a decode "
-                                          "instance"], [], {}, None, None, {}))  # fmt: skip
+        apply.plan(
+            inv,
+            advise.Advice(
+                "pd", "1m", "", "", "add-capacity", "", ["add a prefill and a decode instance"], [], {}, None, None, {}
+            ),
+        )
 
 
 def test_cli_apply_without_a_terminal_needs_yes():
-    res = subprocess.run([str(BIN / "pdinfra"), "advise", "--apply", "--prometheus", "http://127.0.0.1:9"],
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    res = subprocess.run(
+        [str(BIN / "pdinfra"), "advise", "--apply", "--prometheus", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 2 and "without a terminal give --yes" in res.stderr, res.stderr
 
 

@@ -32,8 +32,22 @@ def inv(tmp_path) -> Path:
 
 
 def advice_for(cluster, change: advise.Change | None, verdict: str = "rebalance") -> advise.Advice:
-    return advise.Advice(cluster.layout, "1m", "http://127.0.0.1:9", "", verdict, "", [], [], {}, None, None, {},
-                         change, shape="PD 1P:2D")  # fmt: skip
+    return advise.Advice(
+        cluster.layout,
+        "1m",
+        "http://127.0.0.1:9",
+        "",
+        verdict,
+        "",
+        [],
+        [],
+        {},
+        None,
+        None,
+        {},
+        change,
+        shape="PD 1P:2D",
+    )
 
 
 class Recorder:
@@ -107,8 +121,9 @@ def test_applied_shows_the_diff_asks_deploys_waits_a_window_and_judges_the_new_d
     monkeypatch.setattr(advise, "run", after_run)
     con, clock, logs = Recorder(), Clock(), tmp_path / "logs"
     before = advice_for(cluster, advise.retarget(cluster, "decode", "prefill"))
-    out = apply.apply_advice(inv, before, "1m", con, prometheus="http://prom:9090", timeout=3.0, log_dir=logs,
-                             sleep=clock.sleep, clock=clock)  # fmt: skip
+    out = apply.apply_advice(
+        inv, before, "1m", con, prometheus="http://prom:9090", timeout=3.0, log_dir=logs, sleep=clock.sleep, clock=clock
+    )
     # shown and asked before anything is written, then the play's lines, then the wait (90 s: 1m + the margin)
     assert con.kinds() == ["change", "confirm", "progress", "progress", "waiting", "left", "left"], con.calls
     summary, diff = con.calls[0][1]
@@ -120,8 +135,12 @@ def test_applied_shows_the_diff_asks_deploys_waits_a_window_and_judges_the_new_d
     # judged again on the edited model, with the same window, Prometheus and timeout
     assert judged == [(["decode0", "prefill0", "prefill1"], "1m", "http://prom:9090", 3.0)]
     assert out.applied and not out.declined and out.after is verdicts[0] and out.log_dir == logs
-    assert sorted(p.name for p in logs.iterdir()) == ["advice-after.json", "advice-before.json", "change.diff",
-                                                      "deploy.log"]  # fmt: skip
+    assert sorted(p.name for p in logs.iterdir()) == [
+        "advice-after.json",
+        "advice-before.json",
+        "change.diff",
+        "deploy.log",
+    ]
     assert json.loads((logs / "advice-before.json").read_text())["change"]["kind"] == "retarget"
     assert json.loads((logs / "advice-after.json").read_text()) == verdicts[0].to_dict()
     assert (logs / "change.diff").read_text() == diff == out.diff
@@ -133,8 +152,9 @@ def test_declined_writes_nothing_and_runs_nothing(inv, cluster, play, tmp_path):
     node1 = inv.parent / "host_vars" / "node1.yml"
     text = node1.read_text()
     con = Recorder(answer=False)
-    out = apply.apply_advice(inv, advice_for(cluster, advise.retarget(cluster, "decode", "prefill")), "1m", con,
-                             log_dir=tmp_path / "logs")  # fmt: skip
+    out = apply.apply_advice(
+        inv, advice_for(cluster, advise.retarget(cluster, "decode", "prefill")), "1m", con, log_dir=tmp_path / "logs"
+    )
     assert con.kinds() == ["change", "confirm"] and out.declined and not out.applied
     assert node1.read_text() == text and not play.runs and not (tmp_path / "logs").exists()
 
@@ -143,8 +163,14 @@ def test_yes_does_not_ask_and_a_failed_play_fails_with_the_diff_to_revert(inv, c
     play.fake.rc = 2
     con = Recorder()
     with pytest.raises(apply.ApplyFailed, match=r"(?s)the serving play failed .*change\.diff.*node1: .*prefill1"):
-        apply.apply_advice(inv, advice_for(cluster, advise.retarget(cluster, "decode", "prefill")), "1m", con,
-                           yes=True, log_dir=tmp_path / "logs")  # fmt: skip
+        apply.apply_advice(
+            inv,
+            advice_for(cluster, advise.retarget(cluster, "decode", "prefill")),
+            "1m",
+            con,
+            yes=True,
+            log_dir=tmp_path / "logs",
+        )
     assert "confirm" not in con.kinds() and "waiting" not in con.kinds()
 
 

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from pdinfra.bench import analysis as A
+from pdinfra.bench import points, tables
 from pdinfra.bench import report as Rep
-from pdinfra.bench.plan import METRICS, SLO, BenchPoint
+from pdinfra.bench.plan import METRICS, BenchPoint
+from pdinfra.cluster.slo import SLO
 
 RUN = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "synthetic-run"
 BROKEN = "agg-isl1024-osl32-c4"
@@ -33,14 +35,14 @@ def test_percentile_is_numpys_linear_interpolation():
     for n in (1, 2, 3, 10, 101, 1000):
         xs = [rng.expovariate(1.0) for _ in range(n)]
         for p in (0, 50, 90, 99, 99.9, 100):
-            assert A.percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)), rel=1e-12, abs=1e-15)
-    assert A.percentile([], 50) is None
+            assert points.percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)), rel=1e-12, abs=1e-15)
+    assert points.percentile([], 50) is None
 
 
 def test_numbers_in_the_tables_are_the_json_values(ra):
-    lat = {tuple(r[:4]): r for r in Rep.latency_table(ra).rows}
-    thr = {tuple(r[:4]): r for r in Rep.throughput_table(ra).rows}
-    lat_cols, thr_cols = Rep.latency_table(ra).columns, Rep.throughput_table(ra).columns
+    lat = {tuple(r[:4]): r for r in tables.latency_table(ra).rows}
+    thr = {tuple(r[:4]): r for r in tables.throughput_table(ra).rows}
+    lat_cols, thr_cols = tables.latency_table(ra).columns, tables.throughput_table(ra).columns
     checked = 0
     for p in ra.points:
         if not p.valid:
@@ -49,7 +51,7 @@ def test_numbers_in_the_tables_are_the_json_values(ra):
         assert p.stats_source == "vllm"
         k = (p.point.layout, str(p.point.input_len), str(p.point.output_len), str(p.point.max_concurrency))
         for m in METRICS:
-            for which in A.STATS:
+            for which in points.STATS:
                 value = res[f"{which}_{m}_ms"]
                 assert p.stat(m, which) == value
                 assert lat[k][lat_cols.index(f"{m.upper()} {which}")] == f"{value:.2f}"
@@ -76,7 +78,7 @@ def test_percentiles_and_goodput_recomputed_from_the_detail_match_vllm(ra):
         again = A.analyze_point(p.point, record, gpus=4, slo=slo, run_slo=None)
         assert again.stats_source == "detail"
         for m in METRICS:
-            for which in A.STATS:
+            for which in points.STATS:
                 assert again.stat(m, which) == pytest.approx(res[f"{which}_{m}_ms"], rel=1e-9, abs=1e-9), (p.key, m)
         assert again.goodput_source == "per-request detail"
         assert again.goodput_rps == pytest.approx(res["request_goodput"], rel=1e-12)
@@ -90,7 +92,7 @@ def test_broken_and_missing_points_are_reported_and_excluded(ra):
     assert "ClientPayloadError" in by_key[BROKEN].reason
     assert by_key[MISSING].status == "missing"
     assert [p.key for p in ra.broken] == [BROKEN, MISSING]
-    assert Rep.broken_table(ra).rows == [
+    assert tables.broken_table(ra).rows == [
         [BROKEN, "partial", by_key[BROKEN].reason],
         [MISSING, "missing", f"no points/{MISSING}.json"],
     ]
@@ -100,9 +102,9 @@ def test_broken_and_missing_points_are_reported_and_excluded(ra):
         cell = ra.cell(A.Workload.of(p.point), p.point.layout, p.point.max_concurrency)
         assert cell.valid == [] and cell.meets_slo is None and cell.stat("ttft", "p99") is None
         assert cell.goodput_per_gpu is None
-    lat_keys = {tuple(r[:4]) for r in Rep.latency_table(ra).rows}
+    lat_keys = {tuple(r[:4]) for r in tables.latency_table(ra).rows}
     assert ("agg", "1024", "32", "4") not in lat_keys and ("pd", "1024", "32", "8") not in lat_keys
-    thr = {tuple(r[:4]): r for r in Rep.throughput_table(ra).rows}
+    thr = {tuple(r[:4]): r for r in tables.throughput_table(ra).rows}
     assert thr[("agg", "1024", "32", "4")][5:] == ["0/1"] + ["-"] * 10 + ["no valid data"]
     # the sustained-concurrency rule skips them, and the sustained table lists the invalid points
     v1k = ra.recommendation.per_workload[0]
@@ -158,8 +160,9 @@ def test_slo_attainment_and_sustained_concurrency(ra):
     agg8 = by_key["agg-isl8192-osl32-c2"]
     assert agg8.meets_slo is False and agg8.violations == [f"ITL P99 {agg8.stat('itl', 'p99'):.2f} ms > 50 ms"]
     agg8c8 = by_key["agg-isl8192-osl32-c8"]
-    assert agg8c8.attainment == pytest.approx(result("agg-isl8192-osl32-c8")["request_goodput"] *
-                                              result("agg-isl8192-osl32-c8")["duration"] / 80)  # fmt: skip
+    assert agg8c8.attainment == pytest.approx(
+        result("agg-isl8192-osl32-c8")["request_goodput"] * result("agg-isl8192-osl32-c8")["duration"] / 80
+    )
     assert any(v.startswith("attainment") for v in agg8c8.violations)
     assert by_key["pd-isl8192-osl32-c8"].meets_slo is True
     assert by_key["pd-isl8192-osl32-c8"].attainment < 1.0  # a few requests over the TTFT bound, still >= 90%

@@ -17,9 +17,18 @@ from pdinfra.cluster.slo import SLO
 
 def _raw(ttfts: list[float], lat: list[float], outs: list[int], itl: float) -> dict:
     """vLLM bench serve's saved result (--save-detailed), in seconds."""
-    return {"num_prompts": len(ttfts), "completed": len(ttfts), "failed": 0, "duration": 2.0, "ttfts": ttfts,
-            "latencies": lat, "output_lens": outs, "itls": [[itl] * (n - 1) for n in outs],
-            "errors": [""] * len(ttfts), "input_lens": [10] * len(ttfts)}  # fmt: skip
+    return {
+        "num_prompts": len(ttfts),
+        "completed": len(ttfts),
+        "failed": 0,
+        "duration": 2.0,
+        "ttfts": ttfts,
+        "latencies": lat,
+        "output_lens": outs,
+        "itls": [[itl] * (n - 1) for n in outs],
+        "errors": [""] * len(ttfts),
+        "input_lens": [10] * len(ttfts),
+    }
 
 
 def test_a_request_over_the_tpot_bound_is_not_good_though_its_ttft_is():
@@ -65,12 +74,15 @@ def test_the_configurations_and_the_two_streams():
     assert (warm["short"].num_prompts, warm["long"].num_prompts, warm["short"].layout) == (7, 2, "agg")
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--threshold", "0"], "each >= 1"),
-    (["--threshold", "abc"], "invalid literal"),
-    (["--short-share", "1.5"], "--short-share"),
-    (["--short-len", "900"], "must be below --long-len"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--threshold", "0"], "each >= 1"),
+        (["--threshold", "abc"], "invalid literal"),
+        (["--short-share", "1.5"], "--short-share"),
+        (["--short-len", "900"], "must be below --long-len"),
+    ],
+)
 def test_bad_arguments_end_before_any_host_is_touched(args, says):
     res = CliRunner().invoke(app, ["bench", "conditional", "-i", "/nonexistent/hosts.yml", *args])
     assert res.exit_code == 2 and says in res.output, res.output

@@ -49,8 +49,8 @@ def test_endpoints_with_redeploy_use_every_instance_behind_the_router():
 
 def test_the_chat_backend_posts_to_chat_completions():
     """bench run --backend openai-chat: vllm bench serve's openai-chat backend against /v1/chat/completions."""
-    from pdinfra.bench.plan import SLO
     from pdinfra.bench.runner import build_argv
+    from pdinfra.cluster.slo import SLO
 
     ep, _ = live.endpoints_from_cluster(cluster(), backend="openai-chat")
     point = next(iter(get_plan("small").points()))
@@ -73,8 +73,8 @@ class RecordingExecutor:
 
 
 def test_prepare_runs_before_each_point(tmp_path):
-    from pdinfra.bench.plan import SLO
     from pdinfra.bench.runner import SweepContext
+    from pdinfra.cluster.slo import SLO
 
     ep, _ = live.endpoints_from_cluster(cluster(), redeploy=True)
     plan = get_plan("small", concurrencies=[1])

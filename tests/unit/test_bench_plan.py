@@ -15,6 +15,7 @@ from pdinfra import paths
 from pdinfra.bench import plan as P
 from pdinfra.bench import runner as R
 from pdinfra.bench.analysis import analyze_run
+from pdinfra.cluster.slo import SLO
 
 FIXTURE_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "synthetic-run"
 
@@ -103,64 +104,92 @@ def test_seed_is_fresh_per_run_and_point_and_reproducible():
 
 # ----------------------------------------------------------------------------- SLO
 def test_slo_from_inventory_dict_and_goodput_args():
-    slo = P.SLO.from_dict({"ttft_ms": 2000, "itl_p99_ms": 30, "tpot_ms": 50, "e2el_ms": None})
+    slo = SLO.from_dict({"ttft_ms": 2000, "itl_p99_ms": 30, "tpot_ms": 50, "e2el_ms": None})
     assert slo.request_bounds == {"ttft": 2000.0, "tpot": 50.0}
     # vLLM's --goodput takes only ttft/tpot/e2el (KEY:VALUE in ms, nargs='+'); ITL P99 is judged by pdinfra.
     assert slo.goodput_args() == ["--goodput", "ttft:2000", "tpot:50"]
-    assert P.SLO.from_dict({"e2el_ms": 12.5}).goodput_args() == ["--goodput", "e2el:12.5"]
-    assert P.SLO.from_dict({"itl_p99_ms": 30}).goodput_args() == []
-    assert P.SLO.from_dict({"ttft_ms": 1, "attainment": 99}).attainment == pytest.approx(0.99)
-    assert P.SLO.from_dict(None).empty
+    assert SLO.from_dict({"e2el_ms": 12.5}).goodput_args() == ["--goodput", "e2el:12.5"]
+    assert SLO.from_dict({"itl_p99_ms": 30}).goodput_args() == []
+    assert SLO.from_dict({"ttft_ms": 1, "attainment": 99}).attainment == pytest.approx(0.99)
+    assert SLO.from_dict(None).empty
     assert "ITL P99 <= 30 ms" in slo.describe()
     with pytest.raises(ValueError, match="itl_p90_ms"):
-        P.SLO.from_dict({"itl_p90_ms": 30})
+        SLO.from_dict({"itl_p90_ms": 30})
     with pytest.raises(ValueError, match="ttft_ms"):
-        P.SLO.from_dict({"ttft_ms": -5})
+        SLO.from_dict({"ttft_ms": -5})
     with pytest.raises(ValueError, match="tpot_ms"):
-        P.SLO.from_dict({"tpot_ms": "fast"})
+        SLO.from_dict({"tpot_ms": "fast"})
 
 
 # ----------------------------------------------------------------------------- argv
 def test_argv_is_exact():
     point = P.BenchPoint("pd", 8192, 1024, 32, 320)
-    slo = P.SLO.from_dict({"ttft_ms": 2000, "tpot_ms": 50, "itl_p99_ms": 30})
+    slo = SLO.from_dict({"ttft_ms": 2000, "tpot_ms": 50, "itl_p99_ms": 30})
     argv = R.build_argv(point, endpoints(), slo, seed=1234, result_dir="/var/tmp/pdinfra-bench/r1", run_id="r1")
     assert argv == [
-        "/opt/pdinfra/venv/bin/python", "-m", "pdinfra.serving.vllm_bench", "serve",
-        "--backend", "vllm",
-        "--base-url", "http://198.18.0.11:8000",
-        "--endpoint", "/v1/completions",
-        "--model", "pdinfra-tiny-llama",
-        "--tokenizer", "/opt/pdinfra/models/pdinfra-tiny-llama",
-        "--dataset-name", "random",
-        "--random-input-len", "8192",
-        "--random-output-len", "1024",
-        "--random-range-ratio", "0",
-        "--num-prompts", "320",
-        "--max-concurrency", "32",
-        "--request-rate", "inf",
-        "--burstiness", "1",
-        "--seed", "1234",
+        "/opt/pdinfra/venv/bin/python",
+        "-m",
+        "pdinfra.serving.vllm_bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        "http://198.18.0.11:8000",
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "pdinfra-tiny-llama",
+        "--tokenizer",
+        "/opt/pdinfra/models/pdinfra-tiny-llama",
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "8192",
+        "--random-output-len",
+        "1024",
+        "--random-range-ratio",
+        "0",
+        "--num-prompts",
+        "320",
+        "--max-concurrency",
+        "32",
+        "--request-rate",
+        "inf",
+        "--burstiness",
+        "1",
+        "--seed",
+        "1234",
         "--ignore-eos",
-        "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--metric-percentiles", "50,90,99,99.9",
-        "--goodput", "ttft:2000", "tpot:50",
-        "--label", "pdinfra-pd",
-        "--metadata", "pdinfra_layout=pd", "pdinfra_point=pd-isl8192-osl1024-c32", "pdinfra_seed=1234",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99,99.9",
+        "--goodput",
+        "ttft:2000",
+        "tpot:50",
+        "--label",
+        "pdinfra-pd",
+        "--metadata",
+        "pdinfra_layout=pd",
+        "pdinfra_point=pd-isl8192-osl1024-c32",
+        "pdinfra_seed=1234",
         "pdinfra_run_id=r1",
-        "--save-result", "--save-detailed",
-        "--result-dir", "/var/tmp/pdinfra-bench/r1",
-        "--result-filename", "pd-isl8192-osl1024-c32.json",
-    ]  # fmt: skip
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        "/var/tmp/pdinfra-bench/r1",
+        "--result-filename",
+        "pd-isl8192-osl1024-c32.json",
+    ]
     # the agg endpoint's trailing slash is dropped (vLLM appends the endpoint to the base URL)
-    agg = R.build_argv(P.BenchPoint("agg", 256, 32, 1, 10), endpoints(), P.SLO(), seed=1, result_dir="/r")
+    agg = R.build_argv(P.BenchPoint("agg", 256, 32, 1, 10), endpoints(), SLO(), seed=1, result_dir="/r")
     assert agg[agg.index("--base-url") + 1] == "http://198.18.0.12:8100"
     assert "--goodput" not in agg
 
 
 def test_prefix_point_splits_the_input_length():
     point = P.BenchPoint("agg", 8192, 64, 4, 40, prefix_len=4096)
-    argv = R.build_argv(point, endpoints(), P.SLO(), seed=1, result_dir="/r")
+    argv = R.build_argv(point, endpoints(), SLO(), seed=1, result_dir="/r")
     assert argv[argv.index("--random-input-len") + 1] == "4096"
     assert argv[argv.index("--random-prefix-len") + 1] == "4096"
     assert point.key == "agg-isl8192-osl64-c4-pfx4096"
@@ -243,14 +272,22 @@ def test_run_bench_writes_a_run_directory_and_never_overwrites(tmp_path):
     server = FakeServer()
     executor, calls = make_executor(server, tmp_path)
     clock = lambda: datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)  # noqa: E731
-    slo = P.SLO.from_dict({"ttft_ms": 1000, "tpot_ms": 40, "itl_p99_ms": 50})
+    slo = SLO.from_dict({"ttft_ms": 1000, "tpot_ms": 40, "itl_p99_ms": 50})
     out = io.StringIO()
     with Progress(console=Console(file=out, width=200)) as progress:
         run_dir = R.run_bench(
-            small_fake_plan(), slo, endpoints(), executor, server.scrape, tmp_path / "runs",
-            progress=progress, versions={"vllm": "0.32.0+cpu"}, host={"router": "node1"},
-            sample_interval_s=0.005, clock=clock,
-        )  # fmt: skip
+            small_fake_plan(),
+            slo,
+            endpoints(),
+            executor,
+            server.scrape,
+            tmp_path / "runs",
+            progress=progress,
+            versions={"vllm": "0.32.0+cpu"},
+            host={"router": "node1"},
+            sample_interval_s=0.005,
+            clock=clock,
+        )
     assert run_dir == tmp_path / "runs" / "20260301T120000Z-fake"
     assert len(calls) == 4
     assert "pd-isl1024-osl32-c2" in out.getvalue()
@@ -281,9 +318,16 @@ def test_run_bench_writes_a_run_directory_and_never_overwrites(tmp_path):
     before = {p: p.read_bytes() for p in run_dir.rglob("*.json")}
     executor2, _ = make_executor(server, tmp_path)
     run2 = R.run_bench(
-        small_fake_plan(), slo, endpoints(), executor2, server.scrape, tmp_path / "runs",
-        progress=Progress(console=Console(file=io.StringIO())), sample_interval_s=0, clock=clock,
-    )  # fmt: skip
+        small_fake_plan(),
+        slo,
+        endpoints(),
+        executor2,
+        server.scrape,
+        tmp_path / "runs",
+        progress=Progress(console=Console(file=io.StringIO())),
+        sample_interval_s=0,
+        clock=clock,
+    )
     assert run2.name == "20260301T120000Z-fake-2"
     assert {p: p.read_bytes() for p in run_dir.rglob("*.json")} == before
     m2 = json.loads((run2 / "manifest.json").read_text())
@@ -310,9 +354,16 @@ def test_failed_and_unparsable_points_are_recorded_and_the_sweep_goes_on(tmp_pat
         return server.scrape(url)
 
     run_dir = R.run_bench(
-        small_fake_plan(), P.SLO(), endpoints(), executor, flaky_scrape, tmp_path / "runs",
-        progress=Progress(console=Console(file=io.StringIO())), sample_interval_s=0, run_id="flaky",
-    )  # fmt: skip
+        small_fake_plan(),
+        SLO(),
+        endpoints(),
+        executor,
+        flaky_scrape,
+        tmp_path / "runs",
+        progress=Progress(console=Console(file=io.StringIO())),
+        sample_interval_s=0,
+        run_id="flaky",
+    )
     assert len(calls) == 4
     failed = json.loads((run_dir / "points" / "agg-isl1024-osl32-c2.json").read_text())
     assert "Connection refused" in failed["pdinfra"]["error"] and failed["result"] is None
@@ -341,9 +392,15 @@ def test_interrupted_sweep_leaves_a_manifest_that_says_so(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         R.run_bench(
-            small_fake_plan(), P.SLO(), endpoints(), executor, None, tmp_path,
-            progress=Progress(console=Console(file=io.StringIO())), run_id="stopped",
-        )  # fmt: skip
+            small_fake_plan(),
+            SLO(),
+            endpoints(),
+            executor,
+            None,
+            tmp_path,
+            progress=Progress(console=Console(file=io.StringIO())),
+            run_id="stopped",
+        )
     manifest = json.loads((tmp_path / "stopped" / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["finished"]
 
@@ -352,7 +409,7 @@ def test_missing_layout_endpoint_fails_before_anything_runs(tmp_path):
     ep = endpoints()
     only_pd = P.BenchEndpoints(ep.model, ep.tokenizer, {"pd": ep.layouts["pd"]})
     with pytest.raises(KeyError, match="agg"):
-        R.run_bench(small_fake_plan(), P.SLO(), only_pd, lambda a, p: Path("/nonexistent"), None, tmp_path)
+        R.run_bench(small_fake_plan(), SLO(), only_pd, lambda a, p: Path("/nonexistent"), None, tmp_path)
     assert not any(tmp_path.iterdir())
 
 
@@ -369,9 +426,19 @@ def test_bench_plan_cmd_prints_every_command():
     runner = CliRunner()
     res = runner.invoke(
         app,
-        ["plan", "--plan", "small", "--slo", "{ttft_ms: 2000, itl_p99_ms: 50}", "--pd-url", "http://r:8000",
-         "--run-id", "r1", "--json"],
-    )  # fmt: skip
+        [
+            "plan",
+            "--plan",
+            "small",
+            "--slo",
+            "{ttft_ms: 2000, itl_p99_ms: 50}",
+            "--pd-url",
+            "http://r:8000",
+            "--run-id",
+            "r1",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert len(doc["points"]) == 6

@@ -13,6 +13,7 @@ import pytest
 
 from pdinfra.bench import analysis as A
 from pdinfra.bench import report as Rep
+from pdinfra.bench import tables
 
 RUN = Path(__file__).resolve().parents[1] / "fixtures" / "bench" / "synthetic-run"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -174,7 +175,7 @@ def test_the_goodput_plot_draws_the_goodput_the_text_compares(run):
         assert verdict.pd_gain == pytest.approx(gain) and f"PD gains x{gain:.2f}" in verdict.reason
         assert lines["agg within SLO"] == [pytest.approx(0.974, abs=5e-4), 0.0, 0.0, 0.0]  # over the ITL bound from 4
     # the table's SLO goodput column is the same series
-    t = Rep.throughput_table(ra)
+    t = tables.throughput_table(ra)
     col = t.columns.index(f"SLO goodput/{ra.unit}")
     for row in t.rows:
         layout, conc = row[0], int(row[3])

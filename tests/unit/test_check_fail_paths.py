@@ -350,8 +350,11 @@ def test_pcie_acs_facts_place_devices_by_port_type_vmd_and_hyperv(tmp_path):
     assert got["bridges"]["0000:00:02.0"]["port_type"] == "switch downstream port"
     # VMD: a root port in domain 10000 behind the VMD endpoint of domain 0000
     vmd = {"devices": [{"index": 0, "bus_id": "10000:e1:00.0"}]}
-    _tree(tmp_path / "v", ["pci0000:00", "0000:00:0e.0", "pci10000:e0", "10000:e0:1a.0", "10000:e1:00.0"],
-          {"10000:e0:1a.0": _bridge_config(4, 0x1D)})  # fmt: skip
+    _tree(
+        tmp_path / "v",
+        ["pci0000:00", "0000:00:0e.0", "pci10000:e0", "10000:e0:1a.0", "10000:e1:00.0"],
+        {"10000:e0:1a.0": _bridge_config(4, 0x1D)},
+    )
     got = pcie_acs(Host(str(tmp_path / "v")), vmd, {}, {})
     assert got["devices"]["10000:e1:00.0"]["bridges"] == ["10000:e0:1a.0"]
     assert got["bridges"]["10000:e0:1a.0"]["root_port"] is True
@@ -363,8 +366,9 @@ def test_pcie_acs_facts_place_devices_by_port_type_vmd_and_hyperv(tmp_path):
 
 
 def test_a_switch_port_first_under_the_host_bridge_is_judged():
-    out = _run(("", "", lambda f: f["pcie_acs"]["bridges"]["0000:15:01.0"].update(
-        root_port=False, flags=["ReqRedir"]), {}))  # fmt: skip
+    out = _run(
+        ("", "", lambda f: f["pcie_acs"]["bridges"]["0000:15:01.0"].update(root_port=False, flags=["ReqRedir"]), {})
+    )
     assert out["pcie.acs"].verdict == checks.FAIL, out["pcie.acs"]
 
 

@@ -98,9 +98,14 @@ def test_recorded_h200x2_warns_only_about_what_the_recording_lacks() -> None:
         "driver.cuda_version",  # nor the CUDA driver version
         "serving.toolchain",  # nor its compilers (recorded before serving.toolchain existed)
         # nor any health counter (recorded before the health checks existed): "cannot verify", never a pass
-        "gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer",
+        "gpu.ecc",
+        "gpu.row_remap",
+        "gpu.clocks",
+        "gpu.nvlink_errors",
+        "gpu.xid",
+        "pcie.aer",
         "pcie.acs",  # nor the GPUs' place in the PCI tree (sysfs' device links)
-    }  # fmt: skip
+    }
     for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "pcie.acs"):
         assert results[cid].evidence.startswith("cannot verify"), results[cid]
     assert results["rdma.link_flaps"].verdict == C.NA  # no RDMA device recorded, none declared
@@ -125,8 +130,19 @@ def test_synthesised_evidence_names_the_broken_part() -> None:
 def test_live_cpu_host_as_cpu_role_has_no_failures_and_gpu_checks_are_na(live_facts: dict) -> None:
     results = {r.id: r for r in C.run_checks(live_facts, C.Expect(role="cpu"))}
     assert not C.failed(results.values())
-    for cid in ("gpu.count", "gpu.nvlink", "gpu.p2p", "driver.open_module", "gpu.dmabuf", "rdma.mtu", "gpu.ecc",
-                "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid"):  # fmt: skip
+    for cid in (
+        "gpu.count",
+        "gpu.nvlink",
+        "gpu.p2p",
+        "driver.open_module",
+        "gpu.dmabuf",
+        "rdma.mtu",
+        "gpu.ecc",
+        "gpu.row_remap",
+        "gpu.clocks",
+        "gpu.nvlink_errors",
+        "gpu.xid",
+    ):
         assert results[cid].verdict == C.NA, results[cid]
 
 
@@ -211,7 +227,7 @@ def test_a_crashing_check_is_a_failure_not_a_pass() -> None:
     def broken(facts: dict, expect: C.Expect) -> C.Outcome:
         raise KeyError("boom")
 
-    result = C._run_one(C.Check("x.broken", "broken", "os", broken), {"hostname": "h"}, C.Expect())
+    result = C.run_one(C.Check("x.broken", "broken", "os", broken), {"hostname": "h"}, C.Expect())
     assert result.verdict == C.FAIL and "KeyError" in result.evidence and result.remedy
 
 
@@ -364,9 +380,18 @@ def test_a_healthy_reuse_tier_node_has_no_failure(tmp_path) -> None:
     root = tmp_path / "reuse-node"
     shutil.copytree(HOSTS / "hgx-h100-8gpu-8roce", root, symlinks=True)
     for name in ("prefill", "decode"):
-        (root / "etc/pdinfra/instances" / f"{name}.kv-store.json").write_text(json.dumps({
-            "metadata_server": "P2PHANDSHAKE", "master_server_address": "198.18.0.11:50051", "protocol": "rdma",
-            "device_name": "mlx5_0", "global_segment_size": 17179869184, "local_buffer_size": 4294967296}))  # fmt: skip
+        (root / "etc/pdinfra/instances" / f"{name}.kv-store.json").write_text(
+            json.dumps(
+                {
+                    "metadata_server": "P2PHANDSHAKE",
+                    "master_server_address": "198.18.0.11:50051",
+                    "protocol": "rdma",
+                    "device_name": "mlx5_0",
+                    "global_segment_size": 17179869184,
+                    "local_buffer_size": 4294967296,
+                }
+            )
+        )
     facts = gather(str(root))
     assert sorted(i["name"] for i in facts["instances"]) == ["decode", "prefill"]
     results = {r.id: r for r in C.run_checks(facts)}
@@ -398,3 +423,15 @@ def test_a_healthy_one_gpu_h100_host_passes_pcie_acs() -> None:
     assert {i for i, r in by_id.items() if r.verdict == C.WARN} == {"pcie.aer", "ucx.transports"}
     assert facts["pcie_acs"]["devices"]["0000:00:06.0"]["bridges"] == []
     assert by_id["pcie.acs"].verdict == C.PASS and "no PCIe switch above" in by_id["pcie.acs"].evidence
+
+
+def test_the_catalog_order_is_explicit_not_the_import_order():
+    """registry.TOPICS orders the catalog; a check module outside it is refused when it registers."""
+    from pdinfra.host.checks import registry
+
+    modules = [getattr(c.fn, "__wrapped__", c.fn).__module__ for c in C.CATALOG]
+    topics = [registry.TOPICS.index(m.rsplit(".", 1)[-1]) for m in modules]
+    assert topics == sorted(topics) and C.CATALOG[0].id == "os.kernel_version"
+    stray = type("F", (), {"__module__": "pdinfra.host.checks.elsewhere"})
+    with pytest.raises(ValueError, match="not in the catalog's order"):
+        registry._topic(stray)

@@ -9,10 +9,18 @@ from typer.testing import CliRunner
 from pdinfra.cli import deploy, main
 
 
-@pytest.mark.parametrize(("args", "limit"), [
-    ([], None), (["--tags", "serving"], None), (["-l", "node2"], "node2"), (["--limit", "node2,node3"], "node2,node3"),
-    (["--limit=node2"], "node2"), (["-lnode2"], "node2"), (["--check", "-l"], ""),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "limit"),
+    [
+        ([], None),
+        (["--tags", "serving"], None),
+        (["-l", "node2"], "node2"),
+        (["--limit", "node2,node3"], "node2,node3"),
+        (["--limit=node2"], "node2"),
+        (["-lnode2"], "node2"),
+        (["--check", "-l"], ""),
+    ],
+)
 def test_the_limit_among_ansible_playbooks_arguments(args, limit):
     assert deploy.limit_of(args) == limit
 

@@ -13,8 +13,14 @@ from conformance.test_host_contract import BYTECODE  # tests/ is on the path (te
 
 def _check(tmp_path: Path) -> str:
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    res = subprocess.run([sys.executable, "-B", "-c", BYTECODE, "fakepkg:__init__.py", "fakepkg:sub/mod.py"],
-                         env=env, capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-B", "-c", BYTECODE, "fakepkg:__init__.py", "fakepkg:sub/mod.py"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return res.stdout.strip()
 
 

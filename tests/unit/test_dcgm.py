@@ -1,4 +1,4 @@
-"""pdinfra.transfer.dcgm: `dcgmi diag -j` judged as one acceptance check.
+"""pdinfra.transfer.acceptance.dcgm: `dcgmi diag -j` judged as one acceptance check.
 
 No DCGM output of a pdinfra host is recorded yet (the one-GPU H200 host had no DCGM): the documents below are
 written in the shape DCGM's own diagnostic writes (nvvs JsonOutput: "DCGM GPU Diagnostic" > test_categories > tests
@@ -13,21 +13,38 @@ import json
 import pytest
 
 from pdinfra.transfer import acceptance as A
-from pdinfra.transfer import dcgm
+from pdinfra.transfer.acceptance import dcgm
 
 
 def _doc(*tests: tuple[str, str, list[dict]]) -> str:
     cats: dict[str, list] = {}
     for cat, name, results in tests:
         cats.setdefault(cat, []).append({"name": name, "results": results})
-    return json.dumps({"DCGM GPU Diagnostic": {"version": "3.3.9", "test_categories": [
-        {"category": c, "tests": t} for c, t in cats.items()]}}, indent=1)  # fmt: skip
+    return json.dumps(
+        {
+            "DCGM GPU Diagnostic": {
+                "version": "3.3.9",
+                "test_categories": [{"category": c, "tests": t} for c, t in cats.items()],
+            }
+        },
+        indent=1,
+    )
 
 
-DEPLOYMENT = [("Deployment", n, [{"gpu_ids": "0,1,2,3,4,5,6,7", "status": "PASS"}])
-              for n in ("Denylist", "NVML Library", "CUDA Main Library", "Permissions and OS Blocks",
-                        "Persistence Mode", "Environment Variables", "Page Retirement/Row Remap",
-                        "Graphics Processes", "Inforom")]  # fmt: skip
+DEPLOYMENT = [
+    ("Deployment", n, [{"gpu_ids": "0,1,2,3,4,5,6,7", "status": "PASS"}])
+    for n in (
+        "Denylist",
+        "NVML Library",
+        "CUDA Main Library",
+        "Permissions and OS Blocks",
+        "Persistence Mode",
+        "Environment Variables",
+        "Page Retirement/Row Remap",
+        "Graphics Processes",
+        "Inforom",
+    )
+]
 
 
 def _section(text: str, rc: int = 0, level: int = 1) -> dict:
@@ -42,8 +59,16 @@ def test_every_test_passed_is_a_pass_and_skips_are_listed() -> None:
 
 
 def test_a_failed_test_fails_naming_the_gpu_and_dcgms_words() -> None:
-    bad = [{"gpu_ids": "0", "status": "Pass"}, {"gpu_ids": "3", "status": "Fail", "warnings": [
-        {"warning": "Found 2 uncorrectable memory errors on GPU 3", "error_id": 24, "error_category": 3}]}]
+    bad = [
+        {"gpu_ids": "0", "status": "Pass"},
+        {
+            "gpu_ids": "3",
+            "status": "Fail",
+            "warnings": [
+                {"warning": "Found 2 uncorrectable memory errors on GPU 3", "error_id": 24, "error_category": 3}
+            ],
+        },
+    ]
     r = dcgm.to_check(_section(_doc(*DEPLOYMENT, ("Hardware", "GPU Memory", bad)), rc=226, level=2), "node1")
     assert r.verdict == "fail", r
     assert "GPU Memory FAIL (GPU 3): Found 2 uncorrectable memory errors on GPU 3" in r.evidence
@@ -65,12 +90,15 @@ def test_without_dcgmi_it_is_not_applicable_and_level_0_skips_it() -> None:
     assert dcgm.to_check(dcgm.section(0, which=lambda n: "/usr/bin/dcgmi"), "h") is None
 
 
-@pytest.mark.parametrize("text", [
-    "Error: unable to establish a connection to the specified host: localhost\nError: Unable to connect to host "
-    "engine. Host engine connection invalid/disconnected.",
-    '{"DCGM GPU Diagnostic": {"version": "4.2.3"}}',  # an unsupported GPU: no test ran
-    "not json at all {",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Error: unable to establish a connection to the specified host: localhost\nError: Unable to connect to host "
+        "engine. Host engine connection invalid/disconnected.",
+        '{"DCGM GPU Diagnostic": {"version": "4.2.3"}}',  # an unsupported GPU: no test ran
+        "not json at all {",
+    ],
+)
 def test_no_test_result_is_cannot_verify_never_a_pass(text) -> None:
     r = dcgm.to_check(_section(text, rc=1), "h")
     assert r.verdict == "warn" and r.evidence.startswith("cannot verify"), r
@@ -101,15 +129,22 @@ def test_acceptance_runs_it_where_dcgmi_is_installed_and_the_report_round_trips(
         calls.append(argv)
         return 0, _doc(*DEPLOYMENT)
 
-    res, report = A.run(_facts("NVIDIA H200", 8), measure=lambda plan, progress=None: _measurement(8, 440.0),
-                        which=lambda name: "/usr/bin/dcgmi" if name == "dcgmi" else None,
-                        dcgm_exec=execute)  # fmt: skip
+    res, report = A.run(
+        _facts("NVIDIA H200", 8),
+        measure=lambda plan, progress=None: _measurement(8, 440.0),
+        which=lambda name: "/usr/bin/dcgmi" if name == "dcgmi" else None,
+        dcgm_exec=execute,
+    )
     assert calls == [["dcgmi", "diag", "-r", "1", "-j"]]
     by_id = {r.id: r for r in res}
     assert by_id["accept.dcgm_diag"].verdict == "pass"
     again = A.to_checks(json.loads(json.dumps(report)))
     assert [r.to_dict() for r in again] == [r.to_dict() for r in res]
-    res0, _ = A.run(_facts("NVIDIA H200", 8), A.AcceptanceConfig(dcgm_level=0),
-                    measure=lambda plan, progress=None: _measurement(8, 440.0), which=lambda name: "/x",
-                    dcgm_exec=execute)  # fmt: skip
+    res0, _ = A.run(
+        _facts("NVIDIA H200", 8),
+        A.AcceptanceConfig(dcgm_level=0),
+        measure=lambda plan, progress=None: _measurement(8, 440.0),
+        which=lambda name: "/x",
+        dcgm_exec=execute,
+    )
     assert "accept.dcgm_diag" not in {r.id for r in res0} and len(calls) == 1

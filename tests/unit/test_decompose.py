@@ -12,20 +12,25 @@ from pdinfra.bench import decompose as D
 C = D.COMPLETIONS
 
 
-def scrapes(router=(0, 0.0), p_http=(0, 0.0), p_e2e=(0, 0.0), d_http=(0, 0.0), d_e2e=(0, 0.0), d_ttft=(0, 0.0),
-            xfer=(0, 0.0)) -> dict[str, dict[str, float]]:  # fmt: skip
+def scrapes(
+    router=(0, 0.0), p_http=(0, 0.0), p_e2e=(0, 0.0), d_http=(0, 0.0), d_e2e=(0, 0.0), d_ttft=(0, 0.0), xfer=(0, 0.0)
+) -> dict[str, dict[str, float]]:
     """Metrics by server kind: (count, sum) of each histogram."""
 
     def h(name, cs):
-        return {name + "_count" if "{" not in name else name.replace("{", "_count{", 1): cs[0],
-                name + "_sum" if "{" not in name else name.replace("{", "_sum{", 1): cs[1]}  # fmt: skip
+        return {
+            name + "_count" if "{" not in name else name.replace("{", "_count{", 1): cs[0],
+            name + "_sum" if "{" not in name else name.replace("{", "_sum{", 1): cs[1],
+        }
 
     return {
         "router": h("vllm_router_pd_request_duration_seconds", router),
         "prefill": h("http_request_duration_seconds" + C, p_http) | h("vllm:e2e_request_latency_seconds", p_e2e),
-        "decode": h("http_request_duration_seconds" + C, d_http) | h("vllm:e2e_request_latency_seconds", d_e2e)
-        | h("vllm:time_to_first_token_seconds", d_ttft) | h("vllm:nixl_xfer_time_seconds", xfer),
-    }  # fmt: skip
+        "decode": h("http_request_duration_seconds" + C, d_http)
+        | h("vllm:e2e_request_latency_seconds", d_e2e)
+        | h("vllm:time_to_first_token_seconds", d_ttft)
+        | h("vllm:nixl_xfer_time_seconds", xfer),
+    }
 
 
 BEFORE = scrapes((10, 5.0), (10, 2.0), (10, 1.5), (10, 2.5), (10, 2.0), (10, 0.6), (10, 0.1))
@@ -61,8 +66,9 @@ def test_a_direct_sample_while_the_router_served_someone_is_refused():
 def test_medians_table_and_the_router_added_by_difference():
     d = D.Decomposition(targets={}, requests=3, prompt_tokens=200, max_tokens=16)
     for c, pre, dec in ((0.30, 0.10, 0.18), (0.32, 0.11, 0.19), (0.50, 0.20, 0.20)):
-        d.samples.append(D.Sample("router", 200, {"client": c, "prefill_http": pre, "decode_http": dec,
-                                                  "outside": c - pre - dec}))  # fmt: skip
+        d.samples.append(
+            D.Sample("router", 200, {"client": c, "prefill_http": pre, "decode_http": dec, "outside": c - pre - dec})
+        )
     for c, outside in ((0.27, 0.010), (0.29, 0.012), (0.40, 0.011)):
         d.samples.append(D.Sample("direct", 200, {"client": c, "outside": outside}))
     assert d.p50()["client"] == pytest.approx(0.32)

@@ -129,8 +129,11 @@ def test_synthesised_hgx_rdma_ports_gids_and_mtus(synthesised: dict) -> None:
     nets = synthesised["netdevs"]
     assert nets["source"] == "sysfs"
     assert nets["interfaces"]["enp26s0np0"] == {
-        "mtu": 9000, "operstate": "up", "address": "b8:3f:d2:c4:a0:10", "speed_mbps": 400000,
-    }  # fmt: skip
+        "mtu": 9000,
+        "operstate": "up",
+        "address": "b8:3f:d2:c4:a0:10",
+        "speed_mbps": 400000,
+    }
 
 
 def test_synthesised_hgx_ucx_and_instances(synthesised: dict) -> None:
@@ -350,14 +353,16 @@ def test_nvml_live_path_with_fake_pynvml_round_trips_through_a_record(
     assert gpus["p2p"] == [{"a": 0, "b": 1, "nvlink": "OK", "read": "OK"}]
     assert dev0["nvlinks"][2]["errors"] == {"replay": 5, "recovery": 0, "crc_flit": 0, "crc_data": 0}
     assert dev1["health"] == {
-        "ecc_mode": True, "ecc_mode_pending": True,
+        "ecc_mode": True,
+        "ecc_mode_pending": True,
         "ecc_uncorrected": {"volatile": 0, "aggregate": 3},
         "sram_uncorrected": {"volatile": None, "aggregate": None},  # NotSupported: unknown, not 0
         "remapped_rows": {"corrected": 0, "uncorrected": 1, "pending": True, "failure": False},
         "retired_pages_pending": None,
-        "clock_event_reasons": 0x48, "clock_event_names": ["hw_slowdown", "hw_thermal_slowdown"],
+        "clock_event_reasons": 0x48,
+        "clock_event_names": ["hw_slowdown", "hw_thermal_slowdown"],
         "nvlink_errors_total": {"replay": None, "recovery": None, "crc_flit": None, "crc_data": None},
-    }  # fmt: skip
+    }
     assert dev0["health"]["clock_event_names"] == ["gpu_idle"]
     # cuda-bindings is absent on CPU machines (then the CUDA attributes are not read); GPU images carry it
     assert gpus["cuda"]["available"] is (importlib.util.find_spec("cuda") is not None and gpus["cuda"]["available"])
@@ -390,13 +395,17 @@ def test_nvlink_error_totals_from_field_values() -> None:
         return types.SimpleNamespace(nvmlReturn=ret, valueType=vtype, value=Value(**v))
 
     m = types.SimpleNamespace(
-        NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL=52, NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL=45,
+        NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL=52,
+        NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL=45,
         nvmlDeviceGetFieldValues=lambda h, ids: [field(0, 3, ullVal=7), field(3, 3, ullVal=99)],
-    )  # fmt: skip
+    )
     # replay answered 7; CRC data answered an error (3: NotSupported); recovery and CRC flit: no such constant
-    assert F._nvml_field_values(m, 0, F.NVLINK_ERROR_TOTAL_FIELDS) == {
-        "replay": 7, "recovery": None, "crc_flit": None, "crc_data": None,
-    }  # fmt: skip
+    assert F.nvml_field_values(m, 0, F.NVLINK_ERROR_TOTAL_FIELDS) == {
+        "replay": 7,
+        "recovery": None,
+        "crc_flit": None,
+        "crc_data": None,
+    }
 
 
 def test_decode_clock_reasons() -> None:
@@ -422,8 +431,12 @@ def test_xid_kernel_log_lines_are_parsed() -> None:
     rows = F.parse_xid_lines(XID_LOG)
     # the SXid of an NVSwitch is not a GPU Xid
     assert [(r["bdf"], r["xid"]) for r in rows] == [
-        ("0000:18:00.0", 79), ("0000:9a:00.0", 13), ("0000:ab:00.0", 154), ("0000:3a:00.0", 63), ("0000:01:00.0", 31),
-    ]  # fmt: skip
+        ("0000:18:00.0", 79),
+        ("0000:9a:00.0", 13),
+        ("0000:ab:00.0", 154),
+        ("0000:3a:00.0", 63),
+        ("0000:01:00.0", 31),
+    ]
     assert rows[0]["text"] == "pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
     assert rows[0]["time"] == "2026-12-03T09:40:11+0000"
     assert rows[3]["time"] == "5123.456789 s after boot"
@@ -445,8 +458,10 @@ SXID_LOG = """\
 def test_sxid_kernel_log_lines_are_parsed_one_row_per_event() -> None:
     rows = F.parse_sxid_lines(SXID_LOG + XID_LOG)
     assert [(r["switch"], r["bdf"], r["sxid"], r["fatal"]) for r in rows] == [
-        (3, "0000:04:00.0", 22013, False), (1, "0000:84:00.0", 12028, True), (0, "0000:05:00.0", 12028, False),
-    ]  # fmt: skip
+        (3, "0000:04:00.0", 22013, False),
+        (1, "0000:84:00.0", 12028, True),
+        (0, "0000:05:00.0", 12028, False),
+    ]
     assert rows[0]["text"] == "Link 44 Minion Link DLREQ interrupt" and rows[0]["time"] == "38.178720 s after boot"
     assert rows[1]["text"] == "Link 47 egress non-posted PRIV error (First)"
     assert F.parse_xid_lines(SXID_LOG) == []  # an SXid is not a GPU Xid
@@ -460,10 +475,13 @@ def _cmd(root: Path, argv: list[str], text: str) -> None:
 def test_kernel_log_from_journalctl_else_dmesg_else_unreadable(tmp_path: Path) -> None:
     journal, dmesg = list(F.KERNEL_LOG_COMMANDS[0]), list(F.KERNEL_LOG_COMMANDS[1])
     assert F.kernel_log(F.Host(str(tmp_path))) == {
-        "readable": False, "source": None, "xids": [], "sxids": [],
+        "readable": False,
+        "source": None,
+        "xids": [],
+        "sxids": [],
         "reason": "journalctl not recorded (pdinfra-cmd/journalctl_-k_-b_--no-pager_-o_short-iso.txt); dmesg not "
-                  "recorded (pdinfra-cmd/dmesg.txt)",
-    }  # fmt: skip
+        "recorded (pdinfra-cmd/dmesg.txt)",
+    }
     # a user without access to the journal sees no entries: not "no Xid", the next source is asked
     _cmd(tmp_path, journal, "-- No entries --\n")
     _cmd(tmp_path, dmesg, "dmesg: read kernel buffer failed: Operation not permitted\n")
@@ -483,8 +501,11 @@ def test_synthesised_hgx_health_facts(synthesised: dict) -> None:
     dev = synthesised["gpus"]["devices"][7]
     assert dev["health"]["remapped_rows"] == {"corrected": 0, "uncorrected": 0, "pending": False, "failure": False}
     assert dev["pcie"]["aer"] == {
-        "correctable": 1, "nonfatal": 0, "fatal": 0, "detail": {"correctable": {"BadDLLP": 1}},
-    }  # fmt: skip
+        "correctable": 1,
+        "nonfatal": 0,
+        "fatal": 0,
+        "detail": {"correctable": {"BadDLLP": 1}},
+    }
     nic = synthesised["rdma"]["devices"][4]
     assert nic["aer"] == {"correctable": 0, "nonfatal": 0, "fatal": 0}
     assert nic["ports"][0]["counters"] == {"link_downed": 0, "link_error_recovery": 0}
@@ -500,5 +521,8 @@ def test_aer_files_are_parsed_and_absent_ones_are_none(tmp_path: Path) -> None:
     (base / "aer_dev_nonfatal").write_text("Undefined 0\nDLP 0\nCmpltTO 3\nUnsupReq 1\nTOTAL_ERR_NONFATAL 4\n")
     aer = F.pci_aer(F.Host(str(tmp_path)), "sys/bus/pci/devices/0000:18:00.0")
     assert aer == {
-        "correctable": None, "nonfatal": 4, "fatal": None, "detail": {"nonfatal": {"CmpltTO": 3, "UnsupReq": 1}},
-    }  # fmt: skip
+        "correctable": None,
+        "nonfatal": 4,
+        "fatal": None,
+        "detail": {"nonfatal": {"CmpltTO": 3, "UnsupReq": 1}},
+    }

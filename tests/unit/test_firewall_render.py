@@ -21,8 +21,9 @@ from pdinfra.cluster import resolve as R
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "pd_firewall"
-_spec = importlib.util.spec_from_file_location("pd_firewall_controller",
-                                               ROLE / "lookup_plugins" / "pd_firewall_controller.py")  # fmt: skip
+_spec = importlib.util.spec_from_file_location(
+    "pd_firewall_controller", ROLE / "lookup_plugins" / "pd_firewall_controller.py"
+)
 lookup = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lookup)
 
@@ -37,12 +38,15 @@ def _rules(**overrides) -> dict:
 
 
 def _render(rules: dict, controller: list[str]) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROLE / "templates"), trim_blocks=True,
-                             undefined=jinja2.StrictUndefined)  # fmt: skip
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(ROLE / "templates"), trim_blocks=True, undefined=jinja2.StrictUndefined
+    )
     return env.get_template("firewall.nft.j2").render(
-        ansible_managed="managed", pd_firewall_rules=rules, pd_firewall_action="drop",
+        ansible_managed="managed",
+        pd_firewall_rules=rules,
+        pd_firewall_action="drop",
         pd_firewall_controller_addresses=controller,
-    )  # fmt: skip
+    )
 
 
 def _admins(text: str) -> list[str]:
@@ -85,7 +89,9 @@ def test_the_controllers_address_from_its_route_and_from_ssh_client():
     assert lookup.controller_addresses("198.18.0.11", "198.18.0.1 51234 22", route=route) == ["198.18.0.1"]
     # behind NAT the node sees another address than the controller's own: both are admitted
     assert lookup.controller_addresses("198.18.0.11", "203.0.113.7 51234 22", route=route) == [
-        "198.18.0.1", "203.0.113.7"]  # fmt: skip
+        "198.18.0.1",
+        "203.0.113.7",
+    ]
     # no route from here (a laptop off the network): SSH_CLIENT alone; no SSH_CLIENT (facts gathered through sudo)
     assert lookup.controller_addresses("198.18.0.11", "203.0.113.7 1 22", route=lambda _: None) == ["203.0.113.7"]
     assert lookup.controller_addresses("198.18.0.11", "", route=route) == ["198.18.0.1"]
@@ -97,11 +103,11 @@ def test_the_controllers_addresses_leave_out_what_a_firewall_cannot_or_need_not_
     # inside an admin network already: nftables would refuse the overlapping element
     assert lookup.controller_addresses("198.18.0.11", "198.18.0.1 1 22", ["198.18.0.0/24"], route=route) == []
     assert lookup.controller_addresses("198.18.0.11", "203.0.113.7 1 22", ["198.18.0.1/32"], route=route) == [
-        "203.0.113.7"]  # fmt: skip
+        "203.0.113.7"
+    ]
     # IPv6 (the table's sets are IPv4), IPv4-mapped IPv6, loopback and garbage
     assert lookup.controller_addresses("198.18.0.11", "fe80::1 1 22", route=lambda _: None) == []
-    assert lookup.controller_addresses("198.18.0.11", "::ffff:198.18.0.9 1 22", route=lambda _: None) == [
-        "198.18.0.9"]  # fmt: skip
+    assert lookup.controller_addresses("198.18.0.11", "::ffff:198.18.0.9 1 22", route=lambda _: None) == ["198.18.0.9"]
     assert lookup.controller_addresses("127.0.0.1", "127.0.0.1 1 22", route=lambda _: "127.0.0.1") == []
     assert lookup.controller_addresses("198.18.0.11", "not-an-address", route=lambda _: "0.0.0.0") == []
 
@@ -169,8 +175,13 @@ def test_ansible_renders_the_hgx_examples_table_with_the_controller_admitted(tmp
     play = tmp_path / "render.yml"
     play.write_text(RENDER_PLAY.format(repo=REPO, out=tmp_path))
     extra = ["-e", f"pdinfra_firewall_admit_controller={str(admit).lower()}"]
-    res = run_playbook(REPO / "inventory" / "examples" / "hgx-h100" / "hosts.yml", play, extra,
-                       log=tmp_path / "render.log", timeout_s=300)  # fmt: skip
+    res = run_playbook(
+        REPO / "inventory" / "examples" / "hgx-h100" / "hosts.yml",
+        play,
+        extra,
+        log=tmp_path / "render.log",
+        timeout_s=300,
+    )
     assert res.rc == 0, res.summary()
     for host in ("hgx-h100-01", "hgx-h100-02"):
         text = (tmp_path / f"{host}.nft").read_text()

@@ -1,4 +1,4 @@
-"""The fleet view (pdinfra.host.fleet, pdinfra.transfer.fleet, `validate -f ... --transfer-report ...`).
+"""The fleet view (pdinfra.host.fleet, pdinfra.transfer.fleet_figures, `validate -f ... --transfer-report ...`).
 
 The hosts are real recordings and their variants: the 2xH200 host's facts and `validate --transfer` report of
 2026-12-01 (tests/fixtures/recorded/h200x2-cluster-transfer), a second real transfer run on the same host type
@@ -22,7 +22,7 @@ from pdinfra.cluster.expect import Expect
 from pdinfra.host import fleet as F
 from pdinfra.host.checks import run_checks
 from pdinfra.host.facts import gather
-from pdinfra.transfer import fleet as TF
+from pdinfra.transfer import fleet_figures as TF
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "tests" / "fixtures" / "recorded"
@@ -38,8 +38,11 @@ def _load(path: Path) -> dict:
 def h200() -> tuple[dict, dict, dict]:
     """(facts, transfer report) of the 2026-12-01 run, and the report of the 2026-11-29 run on the same host type."""
     run = RECORDED / "h200x2-cluster-transfer"
-    return _load(run / "facts.json"), _load(run / "transfer.json"), _load(RECORDED / "h200x2-validate-transfer" /
-                                                                          "transfer.json")  # fmt: skip
+    return (
+        _load(run / "facts.json"),
+        _load(run / "transfer.json"),
+        _load(RECORDED / "h200x2-validate-transfer" / "transfer.json"),
+    )
 
 
 def _host(facts: dict, report: dict | None, name: str) -> tuple[dict, dict | None]:
@@ -83,8 +86,10 @@ def fleet4(h200: tuple[dict, dict, dict]) -> list[tuple[dict, dict | None]]:
 def _view(hosts: list[tuple[dict, dict | None]], margin: float = F.DEFAULT_MARGIN) -> F.FleetView:
     """As the CLI joins them: a host without a report, beside hosts with one, has unknown NIXL and torch versions."""
     unknown = {"NIXL": None, "torch": None}
-    return F.compare([F.sample(f["hostname"], f, TF.figures(r) if r else {}, TF.versions(r) if r else unknown)
-                      for f, r in hosts], margin)  # fmt: skip
+    return F.compare(
+        [F.sample(f["hostname"], f, TF.figures(r) if r else {}, TF.versions(r) if r else unknown) for f, r in hosts],
+        margin,
+    )
 
 
 def _flags(view: F.FleetView) -> dict[tuple[str, str], dict]:
@@ -227,8 +232,13 @@ def test_nic_firmware_vbios_and_a_slow_rail_are_flagged_on_the_host_that_differs
     hosts[0]["gpus"]["devices"][2]["pcie"].update(cur_gen=4, max_gen=4)  # a riser that trains at Gen4
     view = F.compare([F.sample(f["hostname"], f) for f in hosts])
     flags = {(r.host, r.subject): r for r in view.flags()}
-    assert set(flags) == {("hgx-2", "NIC firmware"), ("hgx-2", "VBIOS"), ("hgx-3", "mlx5_4 port 1 Gb/s"),
-                          ("hgx-3", "mlx5_5 PCIe lanes"), ("hgx-1", "gpu2 PCIe GB/s")}  # fmt: skip
+    assert set(flags) == {
+        ("hgx-2", "NIC firmware"),
+        ("hgx-2", "VBIOS"),
+        ("hgx-3", "mlx5_4 port 1 Gb/s"),
+        ("hgx-3", "mlx5_5 PCIe lanes"),
+        ("hgx-1", "gpu2 PCIe GB/s"),
+    }
     gen4 = flags[("hgx-1", "gpu2 PCIe GB/s")].detail
     assert (gen4["value"], gen4["median"]) == (31.5, 63.0)
     own = {r.id: r.verdict for r in run_checks(hosts[0], Expect.from_dict(hosts[0]["expect"]))}
@@ -300,8 +310,9 @@ def test_cli_a_host_every_own_check_passes_is_still_flagged_and_the_run_does_not
     assert not [r for r in rows if "fleet" in r and r["host"] in ("vm-a", "vm-b")]
 
 
-def test_cli_table_after_the_per_host_table_and_the_margin_option(cli: typer.Typer, fleet4: list,
-                                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_cli_table_after_the_per_host_table_and_the_margin_option(
+    cli: typer.Typer, fleet4: list, tmp_path: Path
+) -> None:
     args = _write(tmp_path, fleet4)
     res = _invoke(cli, *args)
     assert res.exit_code == 1  # vm-d's driver also fails fleet.driver_consistency, as before
@@ -340,12 +351,20 @@ def test_cli_transfer_report_must_match_one_host(cli: typer.Typer, fleet4: list,
     stray = copy.deepcopy(fleet4[0][1])
     stray["host"] = "elsewhere"
     (tmp_path / "stray.json").write_text(json.dumps(stray))
-    res = _invoke(cli, *_write(tmp_path, [(fleet4[1][0], None), (fleet4[2][0], None)]),
-                  "--transfer-report", str(tmp_path / "stray.json"))  # fmt: skip
+    res = _invoke(
+        cli,
+        *_write(tmp_path, [(fleet4[1][0], None), (fleet4[2][0], None)]),
+        "--transfer-report",
+        str(tmp_path / "stray.json"),
+    )
     assert res.exit_code == 2 and "no --facts has that hostname" in res.output
     (tmp_path / "facts-as-report.json").write_text(json.dumps(fleet4[0][0]))
-    res = _invoke(cli, *_write(tmp_path, [(fleet4[1][0], None), (fleet4[2][0], None)]),
-                  "--transfer-report", str(tmp_path / "facts-as-report.json"))  # fmt: skip
+    res = _invoke(
+        cli,
+        *_write(tmp_path, [(fleet4[1][0], None), (fleet4[2][0], None)]),
+        "--transfer-report",
+        str(tmp_path / "facts-as-report.json"),
+    )
     assert res.exit_code == 2 and "not a pdinfra transfer report" in res.output
 
 

@@ -103,8 +103,13 @@ def test_load_history_reads_rates_and_token_lengths_from_range_queries():
     t0 = 1_800_000_000.0
     times = [t0 + i * 300 for i in range(12)]
     rate = [(t, 2.0) for t in times if t != times[5]]  # one step without a sample
-    prom = FakeRangeProm({"request_success_total": rate, "prompt_tokens_total": [(t, 2048.0) for t in times],
-                          "generation_tokens_total": [(t, 256.0) for t in times]})  # fmt: skip
+    prom = FakeRangeProm(
+        {
+            "request_success_total": rate,
+            "prompt_tokens_total": [(t, 2048.0) for t in times],
+            "generation_tokens_total": [(t, 256.0) for t in times],
+        }
+    )
     try:
         h = history.load_history(prom.url, "pd", 3600, 300, now=t0 + 3300)
     finally:

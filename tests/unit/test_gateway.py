@@ -46,7 +46,7 @@ def reference(prompt: list[int], n: int) -> list[int]:
     seq = list(prompt)
     for _ in range(n):
         seq.append(next_token(seq))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def free_port() -> int:
@@ -140,9 +140,16 @@ class Fake:
             text = "".join(word(t) for t in out)
             choice = {"index": 0, "finish_reason": "length"}
             choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-            return web.json_response({"id": f"{self.name}-1", "object": "x", "model": "m", "served_by": self.name,
-                                      "choices": [choice], "usage": {"prompt_tokens": len(prompt),
-                                                                     "completion_tokens": n}})  # fmt: skip
+            return web.json_response(
+                {
+                    "id": f"{self.name}-1",
+                    "object": "x",
+                    "model": "m",
+                    "served_by": self.name,
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": n},
+                }
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         head = {"id": f"{self.name}-{self.requests}", "created": 7, "model": "m"}
@@ -151,8 +158,11 @@ class Fake:
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
         if chat:
-            first = {**head, "object": "chat.completion.chunk",
-                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+            first = {
+                **head,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+            }
             if ids:
                 first["prompt_token_ids"] = prompt
             await send(first)
@@ -184,8 +194,13 @@ class Fake:
             await send({**head, "object": "chat.completion.chunk" if chat else "text_completion", "choices": [c]})
             await asyncio.sleep(0)
         if (body.get("stream_options") or {}).get("include_usage"):
-            await send({**head, "choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
-                                                         "total_tokens": len(prompt) + n}})  # fmt: skip
+            await send(
+                {
+                    **head,
+                    "choices": [],
+                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n},
+                }
+            )
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
@@ -211,9 +226,18 @@ def run(coro_fn, **kw):
         decodes = [Fake(f"decode{i}", **kw.pop(f"decode{i}", {})) for i in range(2)]
         for f in (router, prefill, *decodes):
             await f.start()
-        cfg = gw.Config.from_dict({"host": "127.0.0.1", "port": free_port(), "router": router.url,
-                                   "prefill": [prefill.url], "decode": [d.url for d in decodes], "api_key": KEY,
-                                   "health_interval_s": 0.2, **kw.pop("cfg", {})})  # fmt: skip
+        cfg = gw.Config.from_dict(
+            {
+                "host": "127.0.0.1",
+                "port": free_port(),
+                "router": router.url,
+                "prefill": [prefill.url],
+                "decode": [d.url for d in decodes],
+                "api_key": KEY,
+                "health_interval_s": 0.2,
+                **kw.pop("cfg", {}),
+            }
+        )
         g = gw.Gateway(cfg)
         await g.start()
         try:
@@ -230,8 +254,10 @@ def run(coro_fn, **kw):
 async def stream(url: str, path: str, body: dict) -> tuple[list[dict], bool, list[dict]]:
     """(chunks, [DONE] seen, error events) of one streamed request."""
     chunks, errors, done = [], [], False
-    async with ClientSession() as s, s.post(url + path, json=body | {"stream": True},
-                                            headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+    async with (
+        ClientSession() as s,
+        s.post(url + path, json=body | {"stream": True}, headers={"Authorization": f"Bearer {KEY}"}) as r,
+    ):
         assert r.status == 200, await r.text()
         async for raw in r.content:
             line = raw.strip()
@@ -260,14 +286,16 @@ def expected_text(prompt_ids: list[int], n: int = N) -> str:
 
 def test_a_stream_whose_decode_dies_continues_on_another_with_the_same_tokens():
     async def t(st: Stack):
-        chunks, done, errors = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT,
-                                                                       "max_tokens": N, "temperature": 0})
+        chunks, done, errors = await stream(
+            st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N, "temperature": 0}
+        )
         assert done and not errors
         assert text_of(chunks) == expected_text(tokenize(PROMPT))
         assert {c["id"] for c in chunks} == {"router-1"}, "one stream, one id"
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert all("token_ids" not in c and "prompt_token_ids" not in c for ch in chunks for c in ch["choices"]), \
+        assert all("token_ids" not in c and "prompt_token_ids" not in c for ch in chunks for c in ch["choices"]), (
             "token IDs the client did not ask for are not shown"
+        )
         assert st.gateway.stats.migrations == {"resumed": 1}
         assert sum(d.requests for d in st.decodes) == 1
 
@@ -279,9 +307,11 @@ def test_a_chat_stream_continues_as_chat_chunks_and_usage_counts_the_clients_pro
     prompt = tokenize(json.dumps(messages))
 
     async def t(st: Stack):
-        chunks, done, errors = await stream(st.url, "/v1/chat/completions", {
-            "model": "m", "messages": messages, "max_completion_tokens": N,
-            "stream_options": {"include_usage": True}})  # fmt: skip
+        chunks, done, errors = await stream(
+            st.url,
+            "/v1/chat/completions",
+            {"model": "m", "messages": messages, "max_completion_tokens": N, "stream_options": {"include_usage": True}},
+        )
         assert done and not errors
         body = [c for c in chunks if c["choices"]]
         assert {c["object"] for c in body} == {"chat.completion.chunk"}
@@ -311,8 +341,9 @@ def test_a_stream_broken_inside_a_character_is_replayed_from_the_last_whole_one(
     assert any(is_split(t) for t in want[:8]), "the case needs a split character in the first tokens"
 
     async def t(st: Stack):
-        chunks, done, errors = await stream(st.url, "/v1/completions", {
-            "model": "m", "prompt": PROMPT, "max_tokens": N, "return_token_ids": ids})  # fmt: skip
+        chunks, done, errors = await stream(
+            st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N, "return_token_ids": ids}
+        )
         assert done and not errors
         assert text_of(chunks) == expected_text(prompt)
         got = [t for ch in chunks for c in ch["choices"] for t in c.get("token_ids", [])]
@@ -327,19 +358,25 @@ def test_the_cut_is_found_on_a_live_decode_when_the_first_one_fails():
     replay starts from the last whole character, not from the prompt."""
 
     async def t(st: Stack):
-        chunks, done, errors = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT,
-                                                                       "max_tokens": N})  # fmt: skip
+        chunks, done, errors = await stream(
+            st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N}
+        )
         assert done and not errors and text_of(chunks) == expected_text(tokenize(PROMPT))
         assert 0 < sum(d.streamed for d in st.decodes) < N - 3, "replayed from the prompt instead of the cut"
 
-    run(t, router={"die_after": 7, "split": True}, decode0={"no_detokenize": True, "split": True},
-        decode1={"split": True})
+    run(
+        t,
+        router={"die_after": 7, "split": True},
+        decode0={"no_detokenize": True, "split": True},
+        decode1={"split": True},
+    )
 
 
 def test_a_replay_that_breaks_again_moves_on_and_the_ids_the_client_asked_for_stay():
     async def t(st: Stack):
-        chunks, done, errors = await stream(st.url, "/v1/completions", {
-            "model": "m", "prompt": PROMPT, "max_tokens": N, "return_token_ids": True})  # fmt: skip
+        chunks, done, errors = await stream(
+            st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N, "return_token_ids": True}
+        )
         assert done and not errors
         ids = [t for ch in chunks for c in ch["choices"] for t in c.get("token_ids", [])]
         assert ids == reference(tokenize(PROMPT), N)
@@ -354,8 +391,9 @@ def test_with_every_decode_gone_the_stream_ends_with_an_error_event_never_silent
         for d in st.decodes:
             d.dead = True
         await asyncio.sleep(0.5)
-        chunks, done, errors = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT,
-                                                                       "max_tokens": N})  # fmt: skip
+        chunks, done, errors = await stream(
+            st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N}
+        )
         assert not done and len(errors) == 1
         assert "no decode instance is left" in errors[0]["error"]["message"]
         assert text_of(chunks) == expected_text(tokenize(PROMPT), 5)
@@ -370,15 +408,15 @@ def test_migration_attempts_are_bounded():
         assert not done and "1 replays failed" in errors[0]["error"]["message"]
         assert sum(d.requests for d in st.decodes) == 1
 
-    run(t, router={"die_after": 2}, decode0={"die_after": 0}, decode1={"die_after": 0},
-        cfg={"migration_attempts": 1})  # fmt: skip
+    run(t, router={"die_after": 2}, decode0={"die_after": 0}, decode1={"die_after": 0}, cfg={"migration_attempts": 1})
 
 
 @pytest.mark.parametrize("extra", [{"n": 2}, {"logprobs": 2}, {"response_format": {"type": "json_object"}}])
 def test_a_request_that_cannot_be_replayed_ends_with_an_error_event(extra):
     async def t(st: Stack):
-        _, done, errors = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N,
-                                                                  **extra})  # fmt: skip
+        _, done, errors = await stream(
+            st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": N, **extra}
+        )
         assert not done and "cannot be replayed" in errors[0]["error"]["message"]
         assert st.gateway.stats.broken == {"not_replayable": 1}
 
@@ -387,8 +425,14 @@ def test_a_request_that_cannot_be_replayed_ends_with_an_error_event(extra):
 
 def test_a_non_streamed_answer_that_breaks_off_is_served_again_by_a_decode():
     async def t(st: Stack):
-        async with ClientSession() as s, s.post(st.url + "/v1/completions", json={"model": "m", "prompt": PROMPT},
-                                                headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+        async with (
+            ClientSession() as s,
+            s.post(
+                st.url + "/v1/completions",
+                json={"model": "m", "prompt": PROMPT},
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as r,
+        ):
             body = await r.json()
             assert r.status == 200 and body["served_by"].startswith("decode")
             assert r.headers["X-Pdinfra-Degraded"]
@@ -400,8 +444,14 @@ def test_a_non_streamed_answer_that_breaks_off_is_served_again_by_a_decode():
 @pytest.mark.parametrize("status", [500, 502, 503, 504])
 def test_degraded_mode_serves_what_the_router_cannot(status):
     async def t(st: Stack):
-        async with ClientSession() as s, s.post(st.url + "/v1/completions", json={"model": "m", "prompt": PROMPT},
-                                                headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+        async with (
+            ClientSession() as s,
+            s.post(
+                st.url + "/v1/completions",
+                json={"model": "m", "prompt": PROMPT},
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as r,
+        ):
             assert r.status == 200 and (await r.json())["served_by"].startswith("decode")
             assert r.headers["X-Pdinfra-Degraded"] == "served by a decode instance without PD"
         chunks, done, _ = await stream(st.url, "/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 3})
@@ -412,8 +462,14 @@ def test_degraded_mode_serves_what_the_router_cannot(status):
 
 def test_without_degraded_mode_the_routers_error_reaches_the_client():
     async def t(st: Stack):
-        async with ClientSession() as s, s.post(st.url + "/v1/completions", json={"model": "m", "prompt": PROMPT},
-                                                headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+        async with (
+            ClientSession() as s,
+            s.post(
+                st.url + "/v1/completions",
+                json={"model": "m", "prompt": PROMPT},
+                headers={"Authorization": f"Bearer {KEY}"},
+            ) as r,
+        ):
             assert r.status == 503
 
     run(t, router={"status": 503}, cfg={"degraded_fallback": False})
@@ -423,8 +479,11 @@ def test_a_short_request_goes_to_a_decode_unless_it_asks_for_pd():
     async def t(st: Stack):
         async with ClientSession() as s:
             for hdr, via in (({}, "decode"), ({"X-Pdinfra-Route": "pd"}, "router")):
-                async with s.post(st.url + "/v1/completions", json={"model": "m", "prompt": "hi"},
-                                  headers={"Authorization": f"Bearer {KEY}", **hdr}) as r:  # fmt: skip
+                async with s.post(
+                    st.url + "/v1/completions",
+                    json={"model": "m", "prompt": "hi"},
+                    headers={"Authorization": f"Bearer {KEY}", **hdr},
+                ) as r:
                     assert (await r.json())["served_by"].startswith(via)
                     assert ("X-Pdinfra-Route" in r.headers) == (via == "decode")
 
@@ -434,9 +493,14 @@ def test_a_short_request_goes_to_a_decode_unless_it_asks_for_pd():
 def test_the_key_is_checked_but_health_and_metrics_are_open():
     async def t(st: Stack):
         async with ClientSession() as s:
-            for path, hdr, status in (("/v1/models", {}, 401), ("/v1/models", {"Authorization": "Bearer nope"}, 401),
-                                      ("/health/detail", {}, 401), ("/health", {}, 200), ("/metrics", {}, 200),
-                                      ("/v1/models", {"Authorization": f"Bearer {KEY}"}, 200)):  # fmt: skip
+            for path, hdr, status in (
+                ("/v1/models", {}, 401),
+                ("/v1/models", {"Authorization": "Bearer nope"}, 401),
+                ("/health/detail", {}, 401),
+                ("/health", {}, 200),
+                ("/metrics", {}, 200),
+                ("/v1/models", {"Authorization": f"Bearer {KEY}"}, 200),
+            ):
                 async with s.get(st.url + path, headers=hdr) as r:
                     assert r.status == status, path
             async with s.get(st.url + "/metrics") as r:
@@ -457,8 +521,10 @@ def test_health_stays_ready_while_one_decode_is_down_and_fails_when_none_is_left
         await asyncio.sleep(0.6)
         status, body = await health()
         assert status == 200 and body["detail"].startswith("degraded") and "decode" not in body["status"]
-        async with ClientSession() as s, s.get(st.url + "/health/detail",
-                                               headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+        async with (
+            ClientSession() as s,
+            s.get(st.url + "/health/detail", headers={"Authorization": f"Bearer {KEY}"}) as r,
+        ):
             detail = await r.json()
         assert [i["up"] for i in detail["instances"]] == [True, False, True]
         st.decodes[1].dead = True
@@ -482,8 +548,11 @@ def test_health_without_degraded_mode_needs_the_router_and_a_prefill():
 
 def test_config_refuses_what_it_cannot_run():
     base = {"host": "127.0.0.1", "port": 1, "router": "http://x", "decode": ["http://d"]}
-    for bad, word_ in (({"decode": []}, "decode"), ({"layout": "mixed"}, "layout"),
-                       ({"migration_attempts": -1}, "migration_attempts")):  # fmt: skip
+    for bad, word_ in (
+        ({"decode": []}, "decode"),
+        ({"layout": "mixed"}, "layout"),
+        ({"migration_attempts": -1}, "migration_attempts"),
+    ):
         with pytest.raises(ValueError, match=word_):
             gw.Config.from_dict(base | bad)
 
@@ -500,12 +569,11 @@ def test_replayable_requests():
 def test_six_streams_through_a_decode_that_dies_all_complete():
     async def t(st: Stack):
         prompts = [f"prompt number {i}" for i in range(6)]
-        got = await asyncio.gather(*(stream(st.url, "/v1/completions", {"model": "m", "prompt": p, "max_tokens": N})
-                                     for p in prompts))  # fmt: skip
+        got = await asyncio.gather(
+            *(stream(st.url, "/v1/completions", {"model": "m", "prompt": p, "max_tokens": N}) for p in prompts)
+        )
         for p, (chunks, done, errors) in zip(prompts, got, strict=True):
             assert done and not errors and text_of(chunks) == expected_text(tokenize(p))
         assert st.gateway.stats.migrations["resumed"] == 6
 
     run(t, router={"die_after": 20})
-
-

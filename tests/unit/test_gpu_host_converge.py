@@ -69,8 +69,15 @@ def _events(res) -> list[dict]:
         ev = json.loads(line)
         data = ev.get("event_data") or {}
         if ev.get("event") in RAN or ev.get("event") == "runner_on_skipped":
-            out.append({"event": ev["event"], "task": data.get("task", ""), "role": data.get("role", ""),
-                        "action": data.get("task_action", ""), "changed": bool((data.get("res") or {}).get("changed"))})
+            out.append(
+                {
+                    "event": ev["event"],
+                    "task": data.get("task", ""),
+                    "role": data.get("role", ""),
+                    "action": data.get("task_action", ""),
+                    "changed": bool((data.get("res") or {}).get("changed")),
+                }
+            )
     return out
 
 
@@ -154,14 +161,28 @@ def test_check_mode_says_an_unreachable_cuda_repository_and_goes_on(tmp_path):
     from pdinfra.playbook import run_playbook
 
     book = tmp_path / "repo.yml"
-    book.write_text(json.dumps([{
-        "name": "setup-Debian.yml with the CUDA repository out of reach", "hosts": "localhost", "gather_facts": True,
-        "tasks": [
-            {"ansible.builtin.include_vars": str(REPO / "roles" / "nvidia_driver" / "vars" / "Debian.yml")},
-            {"ansible.builtin.include_role": {"name": "nvidia_driver", "tasks_from": "setup-Debian.yml"},
-             "vars": {"nvidia_driver_cuda_repo_base_url": "http://127.0.0.1:9/cuda",
-                      "__nvidia_driver_mode": "cuda_repo", "nvidia_driver_block_unattended_upgrades": False}},
-        ]}]))  # fmt: skip
+    book.write_text(
+        json.dumps(
+            [
+                {
+                    "name": "setup-Debian.yml with the CUDA repository out of reach",
+                    "hosts": "localhost",
+                    "gather_facts": True,
+                    "tasks": [
+                        {"ansible.builtin.include_vars": str(REPO / "roles" / "nvidia_driver" / "vars" / "Debian.yml")},
+                        {
+                            "ansible.builtin.include_role": {"name": "nvidia_driver", "tasks_from": "setup-Debian.yml"},
+                            "vars": {
+                                "nvidia_driver_cuda_repo_base_url": "http://127.0.0.1:9/cuda",
+                                "__nvidia_driver_mode": "cuda_repo",
+                                "nvidia_driver_block_unattended_upgrades": False,
+                            },
+                        },
+                    ],
+                }
+            ]
+        )
+    )
     env = {"ANSIBLE_ROLES_PATH": str(REPO / "roles"), "ANSIBLE_HOME": str(tmp_path / "ansible-home")}
     args = ["--check", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
     res = run_playbook("localhost,", book, args, log=tmp_path / "repo.log", timeout_s=180, env=env)

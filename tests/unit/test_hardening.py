@@ -59,9 +59,19 @@ def test_each_parameter_changes_only_its_setting():
     jit = set(_macro(user="pdinfra", write_execute=True, resource_calls=True))
     assert base - jit == {"MemoryDenyWriteExecute=yes", "SystemCallFilter=~@privileged @resources"}
     assert jit - base == {"SystemCallFilter=~@privileged"}
-    root = _macro(capabilities="CAP_NET_ADMIN", privileged_calls=True, address_families="AF_NETLINK AF_UNIX",
-                  own_processes=True, no_network=True)  # fmt: skip
+    root = _macro(
+        capabilities="CAP_NET_ADMIN",
+        privileged_calls=True,
+        address_families="AF_NETLINK AF_UNIX",
+        own_processes=True,
+        no_network=True,
+    )
     assert not any(line.startswith(("User=", "Group=")) for line in root)
-    assert {"CapabilityBoundingSet=CAP_NET_ADMIN", "SystemCallFilter=~@resources", "ProcSubset=pid",
-            "IPAddressDeny=any", "RestrictAddressFamilies=AF_NETLINK AF_UNIX"} <= set(root)  # fmt: skip
+    assert {
+        "CapabilityBoundingSet=CAP_NET_ADMIN",
+        "SystemCallFilter=~@resources",
+        "ProcSubset=pid",
+        "IPAddressDeny=any",
+        "RestrictAddressFamilies=AF_NETLINK AF_UNIX",
+    } <= set(root)
     assert not any("~@privileged" in line for line in root)

@@ -15,8 +15,16 @@ from pdinfra.host.facts import gather
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
 GOOD = gather(str(HOSTS / "hgx-h100-8gpu-8roce"))
-HEALTH = ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "nvswitch.sxid", "pcie.aer",
-          "rdma.link_flaps")
+HEALTH = (
+    "gpu.ecc",
+    "gpu.row_remap",
+    "gpu.clocks",
+    "gpu.nvlink_errors",
+    "gpu.xid",
+    "nvswitch.sxid",
+    "pcie.aer",
+    "rdma.link_flaps",
+)
 
 
 def _run(mutate: Any = None, **expect: Any) -> dict[str, C.CheckResult]:

@@ -22,15 +22,28 @@ def _play(tmp_path: Path, task: dict) -> PlaybookResult:
     show = {"name": "show", "ansible.builtin.debug": {"msg": "{{ r.msg }}"}}
     task = {**task, "register": "r"}
     book.write_text(json.dumps([{"name": "catalog", "hosts": "all", "gather_facts": False, "tasks": [task, show]}]))
-    return run_playbook("localhost,", book, ["-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"],
-                        log=tmp_path / "play.log", timeout_s=120)  # fmt: skip
+    return run_playbook(
+        "localhost,",
+        book,
+        ["-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"],
+        log=tmp_path / "play.log",
+        timeout_s=120,
+    )
 
 
 @pytest.mark.skipif(LIVE_GPU, reason="this machine has GPUs: the missing-GPU failure cannot be seen")
 def test_a_failed_catalog_check_fails_the_task_with_evidence_and_remedy(tmp_path):
-    res = _play(tmp_path, {"name": "driver", "pdinfra_host_checks": {
-        "checks": ["driver.open_module", "gpu.count"], "expect": {"role": "gpu", "gpu_count": 8},
-        "fail_on_fail": True}})  # fmt: skip
+    res = _play(
+        tmp_path,
+        {
+            "name": "driver",
+            "pdinfra_host_checks": {
+                "checks": ["driver.open_module", "gpu.count"],
+                "expect": {"role": "gpu", "gpu_count": 8},
+                "fail_on_fail": True,
+            },
+        },
+    )
     assert res.rc != 0, res.summary()
     (failure,) = res.failures
     assert failure.host == "localhost" and failure.task == "driver", failure
@@ -38,9 +51,17 @@ def test_a_failed_catalog_check_fails_the_task_with_evidence_and_remedy(tmp_path
 
 
 def test_a_cpu_host_passes_and_the_results_are_returned(tmp_path):
-    res = _play(tmp_path, {"name": "cpu", "pdinfra_host_checks": {
-        "checks": ["os.kernel_version", "gpu.pci_count"], "expect": {"role": "cpu"},
-        "fail_on_fail": True}})  # fmt: skip
+    res = _play(
+        tmp_path,
+        {
+            "name": "cpu",
+            "pdinfra_host_checks": {
+                "checks": ["os.kernel_version", "gpu.pci_count"],
+                "expect": {"role": "cpu"},
+                "fail_on_fail": True,
+            },
+        },
+    )
     assert res.rc == 0, res.summary()
     assert res.mentions("N/A os.kernel_version") and res.mentions("N/A gpu.pci_count"), res.tasks
 

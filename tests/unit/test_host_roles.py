@@ -130,8 +130,10 @@ def test_golden_files(host):
         for name, text in rendered.items():
             (base / name).parent.mkdir(parents=True, exist_ok=True)
             (base / name).write_text(text)
-        pytest.fail(f"golden files of {host} rewritten: review `git diff {GOLDEN.relative_to(REPO)}`, commit it, and "
-                    "run the test again without PDINFRA_UPDATE_GOLDEN")  # fmt: skip
+        pytest.fail(
+            f"golden files of {host} rewritten: review `git diff {GOLDEN.relative_to(REPO)}`, commit it, and "
+            "run the test again without PDINFRA_UPDATE_GOLDEN"
+        )
     committed = {str(p.relative_to(base)): p.read_text() for p in base.rglob("*") if p.is_file()}
     assert sorted(committed) == sorted(rendered), "golden file set differs (PDINFRA_UPDATE_GOLDEN=1 regenerates)"
     for name, text in rendered.items():
@@ -325,8 +327,14 @@ def pytestmark_ansible(fn):
 def test_host_playbook_syntax_check(tmp_path):
     from pdinfra.playbook import run_playbook
 
-    res = run_playbook(INVENTORY / "hosts.yml", "playbooks/host.yml", ["--syntax-check"], log=tmp_path / "syntax.log",
-                       timeout_s=120, env=_ansible_env(tmp_path))  # fmt: skip
+    res = run_playbook(
+        INVENTORY / "hosts.yml",
+        "playbooks/host.yml",
+        ["--syntax-check"],
+        log=tmp_path / "syntax.log",
+        timeout_s=120,
+        env=_ansible_env(tmp_path),
+    )
     assert res.rc == 0, res.summary()
 
 
@@ -450,8 +458,10 @@ def test_the_ucx_tag_alone_writes_the_gid_index(tmp_path):
     """`playbooks/host.yml --tags ucx` runs without the rdma_roce role, whose fact held the GID indexes: the ucx role
     reads them itself (here from a fake /sys/class/infiniband tree) and still writes UCX_IB_GID_INDEX."""
     sysfs = tmp_path / "infiniband"
-    for dev, gid in (("mlx5_0", "0000:0000:0000:0000:0000:ffff:c612:010b"),
-                     ("mlx5_1", "0000:0000:0000:0000:0000:ffff:c612:020b")):  # fmt: skip
+    for dev, gid in (
+        ("mlx5_0", "0000:0000:0000:0000:0000:ffff:c612:010b"),
+        ("mlx5_1", "0000:0000:0000:0000:0000:ffff:c612:020b"),
+    ):
         port = sysfs / dev / "ports" / "1"
         (port / "gids").mkdir(parents=True)
         (port / "gid_attrs" / "types").mkdir(parents=True)
@@ -483,8 +493,18 @@ def test_preflight_checks_the_disk_where_the_model_goes(tmp_path):
     variable. node1 of the local inventory, run on this machine (local connection, read-only tag)."""
     extra = {"preflight_hardware_checks": "never", "preflight_disk_requirements": [],
              "preflight_model_min_free_gib": 10**6, "ansible_python_interpreter": sys.executable}  # fmt: skip
-    res = _play(tmp_path, REPO / "playbooks" / "host.yml", "-i", str(REPO / "inventory" / "local" / "hosts.yml"),
-                "-l", "node1", "--tags", "preflight", "-e", json.dumps(extra))  # fmt: skip
+    res = _play(
+        tmp_path,
+        REPO / "playbooks" / "host.yml",
+        "-i",
+        str(REPO / "inventory" / "local" / "hosts.yml"),
+        "-l",
+        "node1",
+        "--tags",
+        "preflight",
+        "-e",
+        json.dumps(extra),
+    )
     assert res.rc != 0, res.summary()
     msg = " ".join(f.msg for f in res.failures)
     assert "disk /opt/pdinfra/models/pdinfra-tiny-llama" in msg, msg

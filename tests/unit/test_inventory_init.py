@@ -68,7 +68,11 @@ def test_the_inventory_resolves_and_validate_passes_on_the_same_facts(written, n
     (host,) = cluster.hosts
     hardware, gpus, pin, layout = WANT[name]
     assert (host.hardware, host.expect["gpu_count"], host.expect["driver_version"], cluster.layout) == (
-        hardware, gpus, pin, layout)  # fmt: skip
+        hardware,
+        gpus,
+        pin,
+        layout,
+    )
     assert host.expect.get("ecc") is True
     assert sorted(g for i in host.instances for g in i.gpus) == list(range(gpus))
     results = C.run_checks(facts, C.Expect.from_dict(host.expect))
@@ -82,12 +86,15 @@ def test_the_hgx_rails_and_their_placement_come_from_the_facts(written):
     host = cluster.hosts[0]
     declared = json.loads((HOSTS / "hgx-h100-8gpu-8roce" / "etc/pdinfra/expect.json").read_text())
     # the expectations the fixture was built with, rails (address, MTU, speed) and RoCE QoS included
-    assert {k: v for k, v in host.expect.items() if k != "pd_hosts"} == {k: v for k, v in declared.items()
-                                                                          if k != "pd_hosts"}  # fmt: skip
+    assert {k: v for k, v in host.expect.items() if k != "pd_hosts"} == {
+        k: v for k, v in declared.items() if k != "pd_hosts"
+    }
     text = files["host_vars/hgx-h100-01.yml"]
     assert "- {index: 0, pci: '0000:18:00.0', numa_node: 0, pcie_switch: '0000:16:00.0'}" in text
-    assert "- {rdma_dev: mlx5_0, netdev: enp26s0np0, pci: '0000:1a:00.0', numa_node: 0, pcie_switch: '0000:16:00.0'}" \
-        in text  # the NIC under GPU 0's switch: the ucx role pairs them
+    assert (
+        "- {rdma_dev: mlx5_0, netdev: enp26s0np0, pci: '0000:1a:00.0', numa_node: 0, pcie_switch: '0000:16:00.0'}"
+        in text
+    )  # the NIC under GPU 0's switch: the ucx role pairs them
     assert "- {netdev: enp26s0np0, rdma_dev: mlx5_0, address: 198.18.0.11/24, table: 101}" in text
     assert "RoCE v2 GID 3 = 198.18.0.11, DECIDE: prefix (/24 assumed)" in text
 
@@ -103,16 +110,26 @@ def test_every_value_says_where_it_came_from(tmp_path):
                 above = lines[i - 1].strip()
                 assert above.startswith("#"), f"{name}:{i + 1} {line!r} has no comment"
     text = "\n".join(files.values())
-    for decide in ("DECIDE: the model to serve", "DECIDE: the router host", "DECIDE: a placeholder from 198.18.0.0/15",
-                   "DECIDE: the instances", "DECIDE: several hosts"):
+    for decide in (
+        "DECIDE: the model to serve",
+        "DECIDE: the router host",
+        "DECIDE: a placeholder from 198.18.0.0/15",
+        "DECIDE: the instances",
+        "DECIDE: several hosts",
+    ):
         assert decide in text, decide
     assert "Not taken from the facts:" in files["hosts.yml"] and "vm: no RDMA rail" in files["hosts.yml"]
 
 
 def test_netlink_addresses_are_taken_over_placeholders(tmp_path):
     facts = facts_of("h100x1")
-    facts["netdevs"] = {"source": "pyroute2", "interfaces": {
-        "lo": {"addresses": ["127.0.0.1/8"]}, "eth0": {"addresses": ["10.1.2.3/22", "fe80::1/64"], "mtu": 1400}}}
+    facts["netdevs"] = {
+        "source": "pyroute2",
+        "interfaces": {
+            "lo": {"addresses": ["127.0.0.1/8"]},
+            "eth0": {"addresses": ["10.1.2.3/22", "fe80::1/64"], "mtu": 1400},
+        },
+    }
     _, files = write(tmp_path, [(facts, "h100")])
     assert "pdinfra_address: 10.1.2.3/22" in files["host_vars/vm.yml"]
     assert "ansible_host: 10.1.2.3" in files["hosts.yml"]
@@ -168,10 +185,14 @@ def test_the_command_writes_a_several_host_inventory_that_check_config_accepts(t
         assert failed == [], (host.name, failed)
     again = CliRunner().invoke(main.app, [*args, "--no-check"])
     assert again.exit_code == 2 and "is not empty" in again.output
-    refused = CliRunner().invoke(main.app, ["inventory", "init", "--from-facts", str(HOSTS / "bad-proprietary-driver"),
-                                            "--out", str(tmp_path / "x")])  # fmt: skip
-    assert refused.exit_code == 2 and "bad-proprietary-driver: the loaded NVIDIA kernel module is the proprietary" \
-        in refused.output
+    refused = CliRunner().invoke(
+        main.app,
+        ["inventory", "init", "--from-facts", str(HOSTS / "bad-proprietary-driver"), "--out", str(tmp_path / "x")],
+    )
+    assert (
+        refused.exit_code == 2
+        and "bad-proprietary-driver: the loaded NVIDIA kernel module is the proprietary" in refused.output
+    )
     assert not (tmp_path / "x").exists()
 
 
@@ -180,8 +201,9 @@ def test_the_command_resolves_what_it_wrote_as_check_config_does(tmp_path, monke
 
     seen = []
     monkeypatch.setattr(common, "resolved_cluster", lambda inv: seen.append(inv) or _Cluster())
-    res = CliRunner().invoke(main.app, ["inventory", "init", "--from-facts", str(ONE_GPU_FACTS["h100x1"]), "--out",
-                                        str(tmp_path / "one")])  # fmt: skip
+    res = CliRunner().invoke(
+        main.app, ["inventory", "init", "--from-facts", str(ONE_GPU_FACTS["h100x1"]), "--out", str(tmp_path / "one")]
+    )
     assert res.exit_code == 0, res.output
     assert seen == [tmp_path / "one" / "hosts.yml"] and "check-config: ok (1 PD hosts, 1 instances)" in res.output
 

@@ -23,6 +23,7 @@ from test_cluster_resolve import CPU, GPU, GPU_GROUPS, GROUPS, _host, _inst, _mo
 from pdinfra.cluster import models, schema
 from pdinfra.cluster import resolve as R
 from pdinfra.cluster.inventory import orphan_vars
+from pdinfra.cluster.resolve_hosts import EXPECT_KEYS
 
 
 def _problems(base, fn, groups=None) -> list[str]:
@@ -147,18 +148,33 @@ def test_a_mistake_is_refused_naming_host_variable_value_and_what_is_allowed(bas
     assert any(needle in p for p in out), "\n".join(out) or "no problem reported"
 
 
-@pytest.mark.parametrize("values", [
-    {"pd_monitoring_window": "30s"}, {"pd_monitoring_decode_kv_usage_max": 1}, {"pd_monitoring_decode_kv_usage_max": 0},
-    {"pd_router_probe_interval_s": 179}, {"pd_router_request_timeout_s": "300"}, {"pd_monitoring_slo_for": "1h30m"},
-    {"pd_monitoring_ttft_buckets": [0.5, 1.0, 2.0]}, {"vllm_instance_nixl_num_threads": "8"},
-    {"pd_router_cpu_affinity": "0-1 3,5"}, {"vllm_instance_extra_env": {"VLLM_LOGGING_LEVEL": "DEBUG", "N": 2}},
-    {"pd_router_hardening": False, "pdinfra_router_port": 443},
-], ids=lambda v: ",".join(f"{k}={v[k]}" for k in v))  # fmt: skip
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"pd_monitoring_window": "30s"},
+        {"pd_monitoring_decode_kv_usage_max": 1},
+        {"pd_monitoring_decode_kv_usage_max": 0},
+        {"pd_router_probe_interval_s": 179},
+        {"pd_router_request_timeout_s": "300"},
+        {"pd_monitoring_slo_for": "1h30m"},
+        {"pd_monitoring_ttft_buckets": [0.5, 1.0, 2.0]},
+        {"vllm_instance_nixl_num_threads": "8"},
+        {"pd_router_cpu_affinity": "0-1 3,5"},
+        {"vllm_instance_extra_env": {"VLLM_LOGGING_LEVEL": "DEBUG", "N": 2}},
+        {"pd_router_hardening": False, "pdinfra_router_port": 443},
+    ],
+    ids=lambda v: ",".join(f"{k}={v[k]}" for k in v),
+)
 def test_values_at_their_limits_and_the_right_units_are_accepted(values):
     """The other side of each rule: a duration with its unit, a whole fraction, the probe just inside its alert, a
     quoted number of seconds (Ansible's own conversion), a port below 1024 for a unit that runs as root."""
-    assert _problems(CPU, _host("node1", *next(iter(values.items()))) if len(values) == 1 else
-                     lambda hv: hv["node1"].update(values)) == []  # fmt: skip
+    assert (
+        _problems(
+            CPU,
+            _host("node1", *next(iter(values.items()))) if len(values) == 1 else lambda hv: hv["node1"].update(values),
+        )
+        == []
+    )
 
 
 def test_the_example_and_local_shapes_resolve_with_their_model_limits():
@@ -179,9 +195,17 @@ def test_the_example_and_local_shapes_resolve_with_their_model_limits():
 def _model_dir(tmp_path: Path, context: int = 2048, heads: int = 12, kv: int = 4, chat: bool = True) -> Path:
     d = tmp_path / "m"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 6, "num_attention_heads": heads,
-                                               "num_key_value_heads": kv, "hidden_size": 64 * heads,
-                                               "max_position_embeddings": context}))  # fmt: skip
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 6,
+                "num_attention_heads": heads,
+                "num_key_value_heads": kv,
+                "hidden_size": 64 * heads,
+                "max_position_embeddings": context,
+            }
+        )
+    )
     (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"} if chat else {}))
     return d
 
@@ -199,22 +223,28 @@ def test_a_controller_dir_model_is_judged_by_its_own_config(tmp_path):
     d = _model_dir(tmp_path)
     assert models.from_dir(d).context_length == 2048 and models.from_dir(d).head_dim == 64
     out = _problems(CPU, _controller_dir(d, pdinfra_max_model_len=4096))
-    assert out == [f"pdinfra_max_model_len: 4096 is longer than {d}'s context of 2048 tokens (max_position_embeddings "
-                   "of its config.json): vLLM refuses to start; allowed: 16..2048"]  # fmt: skip
+    assert out == [
+        f"pdinfra_max_model_len: 4096 is longer than {d}'s context of 2048 tokens (max_position_embeddings "
+        "of its config.json): vLLM refuses to start; allowed: 16..2048"
+    ]
     assert _problems(CPU, _controller_dir(d, pdinfra_max_model_len=2048)) == []
     gpu = _problems(GPU, _controller_dir(d, pdinfra_max_model_len=2048))  # TP 4 of 12 heads is fine, of 4 KV too
     assert gpu == [], gpu
     shaped = _problems(CPU, _both(_controller_dir(d), _model("shape", "llama-3.1-8b")))
-    assert shaped == [f"pdinfra_model.shape: 'llama-3.1-8b' has 32 layers, 8 KV heads of 128, but {d}/config.json says "
-                      "6 layers, 4 KV heads of 64: the KV predictions would describe another model; leave shape out"]
+    assert shaped == [
+        f"pdinfra_model.shape: 'llama-3.1-8b' has 32 layers, 8 KV heads of 128, but {d}/config.json says "
+        "6 layers, 4 KV heads of 64: the KV predictions would describe another model; leave shape out"
+    ]
 
 
 def test_a_model_without_a_chat_template_is_refused_unless_given_one(tmp_path):
     d = _model_dir(tmp_path, chat=False)
     out = _problems(CPU, _controller_dir(d, pdinfra_max_model_len=2048))
-    assert out == [f"pdinfra_model: {d} has no chat template (no chat_template in its tokenizer_config.json, no "
-                   "chat_template.jinja): /v1/chat/completions, which pdinfra smoke and most clients use, answers 400. "
-                   "Serve a chat (instruct) model, or give every instance one with extra_args [--chat-template, PATH]"]
+    assert out == [
+        f"pdinfra_model: {d} has no chat template (no chat_template in its tokenizer_config.json, no "
+        "chat_template.jinja): /v1/chat/completions, which pdinfra smoke and most clients use, answers 400. "
+        "Serve a chat (instruct) model, or give every instance one with extra_args [--chat-template, PATH]"
+    ]
 
     def with_template(hv):
         _controller_dir(d, pdinfra_max_model_len=2048)(hv)
@@ -233,8 +263,10 @@ def test_tp_is_judged_by_the_config_of_a_model_without_a_shape(tmp_path):
         hv["gpu2"]["pdinfra_instances"][0].update(tensor_parallel_size=8, gpus=list(range(8)))
         hv["gpu1"]["pdinfra_instances"] = hv["gpu1"]["pdinfra_instances"][:1]
 
-    assert "host gpu2: pdinfra_instances[0].tensor_parallel_size: tensor_parallel_size 8 does not divide m's 12 " \
-        "attention heads (vLLM refuses to start)" in _problems(GPU, tp3)  # fmt: skip
+    assert (
+        "host gpu2: pdinfra_instances[0].tensor_parallel_size: tensor_parallel_size 8 does not divide m's 12 "
+        "attention heads (vLLM refuses to start)" in _problems(GPU, tp3)
+    )
 
 
 def test_the_catalog_agrees_with_the_kv_shapes_and_the_tiny_model():
@@ -244,13 +276,27 @@ def test_the_catalog_agrees_with_the_kv_shapes_and_the_tiny_model():
     for m in models.CATALOG.values():
         s = kvshape.PRESETS[m.shape]
         assert (s.num_layers, s.num_kv_heads, s.head_dim, s.num_attention_heads) == (
-            m.num_layers, m.num_kv_heads, m.head_dim, m.num_attention_heads), m.name
+            m.num_layers,
+            m.num_kv_heads,
+            m.head_dim,
+            m.num_attention_heads,
+        ), m.name
         assert s.hf_id == m.hf_id or m.name == "tiny"
         assert models.by_shape(m.shape) is m and models.by_hf_id(m.hf_id.upper()) is m
     c, tiny = tinymodel.CONFIG, models.CATALOG["tiny"]
-    assert (c["max_position_embeddings"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"],
-            c["head_dim"]) == (tiny.context_length, tiny.num_layers, tiny.num_attention_heads, tiny.num_kv_heads,
-                               tiny.head_dim) and tinymodel.CHAT_TEMPLATE  # fmt: skip
+    assert (
+        c["max_position_embeddings"],
+        c["num_hidden_layers"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    ) == (
+        tiny.context_length,
+        tiny.num_layers,
+        tiny.num_attention_heads,
+        tiny.num_kv_heads,
+        tiny.head_dim,
+    ) and tinymodel.CHAT_TEMPLATE
     # YaRN: gpt-oss's 4096-token original length times 32 is its 131072
     rope = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}
     assert models.context_of({"max_position_embeddings": 131072, "rope_scaling": rope}) == 131072
@@ -262,8 +308,10 @@ def test_group_vars_of_a_renamed_group_are_named(tmp_path):
         (tmp_path / sub).mkdir()
         for n in names:
             (tmp_path / sub / n).mkdir() if "." not in n else (tmp_path / sub / n).write_text("---\n")
-    out = [str(p) for p in orphan_vars([tmp_path / "hosts.yml"], ["all", "ungrouped", "hgx_h100", "pd_cluster"],
-                                       ["gpu1", "gpu2"])]  # fmt: skip
+    out = [
+        str(p)
+        for p in orphan_vars([tmp_path / "hosts.yml"], ["all", "ungrouped", "hgx_h100", "pd_cluster"], ["gpu1", "gpu2"])
+    ]
     assert out == [
         f"group_vars: {tmp_path}/group_vars/hgx.yml names no group of the inventory (its groups: hgx_h100, pd_cluster), "
         "so its variables reach no host; a group renamed in hosts.yml leaves its file behind: rename the file with it",
@@ -297,8 +345,12 @@ def test_a_group_renamed_in_an_example_copy_is_named_by_check_config_before_any_
     shutil.copytree(repo / "inventory" / "examples" / "hgx-h100", inv, symlinks=False)
     hosts = inv / "hosts.yml"
     hosts.write_text(hosts.read_text().replace("\n    hgx:\n", "\n    hgx_h100:\n"))
-    res = subprocess.run([str(Path(sys.executable).parent / "pdinfra"), "check-config", "-i", str(hosts)],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "pdinfra"), "check-config", "-i", str(hosts)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 1, res.stderr
     text = " ".join(res.stderr.split())
     assert f"group_vars: {inv}/group_vars/hgx.yml names no group of the inventory" in text, text
@@ -306,4 +358,4 @@ def test_a_group_renamed_in_an_example_copy_is_named_by_check_config_before_any_
 
 
 def test_every_expectation_key_is_a_schema_field():
-    assert [f.name for f in schema.EXPECT_FIELDS] == list(R.EXPECT_KEYS)
+    assert [f.name for f in schema.EXPECT_FIELDS] == list(EXPECT_KEYS)

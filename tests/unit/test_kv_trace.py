@@ -20,7 +20,7 @@ from pdinfra.transfer import trace
 
 REPO = Path(__file__).resolve().parents[2]
 
-FAKE_WORKER = '''
+FAKE_WORKER = """
 class ReadSpec:
     def __init__(self, local, remote):
         self.local_block_ids, self.remote_block_ids = local, remote
@@ -41,7 +41,7 @@ class NixlPullConnectorWorker:
                                               prefill_block_ids=read_spec.remote_block_ids)
         self.posted.append((loc, rem))
         return True
-'''
+"""
 
 
 def _fake_vllm(root: Path, worker: str = FAKE_WORKER) -> None:
@@ -92,10 +92,18 @@ def test_a_vllm_without_the_method_is_reported_not_patched(tmp_path):
     _fake_vllm(tmp_path)
     pw = tmp_path / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py"
     pw.write_text(FAKE_WORKER.replace("def _read_blocks(self, read_spec,", "def _read_blocks(self, spec,"))
-    res = subprocess.run([sys.executable, "-c", "import pdinfra.serving.kv_trace as k; k.install(); "
-                          "import vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker"],
-                         env={"PYTHONPATH": f"{tmp_path}:{REPO}", kv_trace.ENV: str(tmp_path / "t")},
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import pdinfra.serving.kv_trace as k; k.install(); "
+            "import vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker",
+        ],
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}", kv_trace.ENV: str(tmp_path / "t")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert "not tracing: NixlPullConnectorWorker._read_blocks has no parameter(s) read_spec" in res.stderr
 
@@ -118,12 +126,19 @@ def test_recording_errors_never_break_the_read(tmp_path):
 
 def test_a_hook_that_raises_leaves_the_module_imported_and_unpatched(tmp_path):
     (tmp_path / "victim.py").write_text("VALUE = 1\n")
-    code = ("from pdinfra.serving import importhook\n"
-            "def bad(m): raise RuntimeError('boom')\n"
-            "importhook.on_import('victim', bad)\n"
-            "import victim, inspect; print(victim.VALUE, len(inspect.getsource(victim)) > 0)\n")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": f"{tmp_path}:{REPO}"},
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    code = (
+        "from pdinfra.serving import importhook\n"
+        "def bad(m): raise RuntimeError('boom')\n"
+        "importhook.on_import('victim', bad)\n"
+        "import victim, inspect; print(victim.VALUE, len(inspect.getsource(victim)) > 0)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "1 True"  # imported, and the loader still answers get_source
     assert "pdinfra import hook on victim: RuntimeError: boom (left unpatched)" in res.stderr
@@ -132,17 +147,33 @@ def test_a_hook_that_raises_leaves_the_module_imported_and_unpatched(tmp_path):
 def _write_trace(path: Path, reads: list[tuple[list[int], list[int]]]) -> Path:
     with path.open("w") as f:
         for n, (loc, rem) in enumerate(reads):
-            f.write(json.dumps({"req": f"r{n}", "local": [loc], "remote": [rem], "local_pool": 100,
-                                "remote_pool": 100, "block_size": 16}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "req": f"r{n}",
+                        "local": [loc],
+                        "remote": [rem],
+                        "local_pool": 100,
+                        "remote_pool": 100,
+                        "block_size": 16,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
 def test_runs_merge_only_where_both_sides_ascend(tmp_path):
-    t = trace.load(_write_trace(tmp_path / "t.jsonl", [
-        ([1, 2, 3, 9, 10], [5, 6, 7, 8, 9]),   # decode breaks after 3: runs 3 + 2
-        ([4, 5, 6], [30, 29, 28]),             # prefill descending: 3 runs of 1
-        ([], []),                              # full prefix hit: skipped
-    ]))  # fmt: skip
+    t = trace.load(
+        _write_trace(
+            tmp_path / "t.jsonl",
+            [
+                ([1, 2, 3, 9, 10], [5, 6, 7, 8, 9]),  # decode breaks after 3: runs 3 + 2
+                ([4, 5, 6], [30, 29, 28]),  # prefill descending: 3 runs of 1
+                ([], []),  # full prefix hit: skipped
+            ],
+        )
+    )
     assert [rd.runs() for rd in t.reads] == [[3, 2], [1, 1, 1]]
     s = trace.summary(t)
     assert (s["reads"], s["full_prefix_hits"], s["blocks"], s["runs"]) == (2, 1, 8, 5)
@@ -167,12 +198,15 @@ def test_replay_keeps_the_break_structure(tmp_path):
     assert trace.break_pattern(t, 1) == []
 
 
-@pytest.mark.parametrize(("content", "match"), [
-    ("", "no READ that moved blocks"),
-    ('{"local": [[1]]}\n', ":1: not a kv-trace record"),
-    ('{"local": [[1, 2]], "remote": [[1]]}\n', ":1: decode and prefill block lists differ"),
-    ("not json\n", ":1: not a kv-trace record"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("", "no READ that moved blocks"),
+        ('{"local": [[1]]}\n', ":1: not a kv-trace record"),
+        ('{"local": [[1, 2]], "remote": [[1]]}\n', ":1: decode and prefill block lists differ"),
+        ("not json\n", ":1: not a kv-trace record"),
+    ],
+)
 def test_bad_traces_name_the_file_and_line(tmp_path, content, match):
     p = tmp_path / "bad.jsonl"
     p.write_text(content)

@@ -106,8 +106,7 @@ def test_kv_budget_with_per_descriptor_cost_predicts_scattered_blocks():
     batch = by_case[("VRAM0->VRAM1 thr0", "READ 4096x16KiB scatter prepped")]
     kv = by_case[("VRAM0->VRAM1 thr0", "READ kv:gpt-oss-120b 8192tok B16 scatter prepped")]
     per_desc = batch["latency_s"] / batch["descs"]
-    b = K.kv_budget("gpt-oss-120b", 8192, single["gbps"], 0.0, block_size=16, per_descriptor_s=per_desc,
-                    swa_trim=False)  # fmt: skip
+    b = K.kv_budget("gpt-oss-120b", 8192, single["gbps"], 0.0, block_size=16, per_descriptor_s=per_desc, swa_trim=False)
     assert b.descriptor_s == pytest.approx(18432 * per_desc)
     assert b.transfer_s + kv["descs"] * per_desc == pytest.approx(kv["latency_s"], rel=0.25)
     assert b.added_ttft_s > 20 * K.kv_budget("gpt-oss-120b", 8192, single["gbps"], 0.0, swa_trim=False).added_ttft_s

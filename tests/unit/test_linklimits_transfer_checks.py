@@ -60,8 +60,17 @@ def test_the_validator_also_measures_the_recorded_busy_layout():
     assert transfer_checks.BUSY_TRACE.is_file()
     cfg = transfer_checks.compact_config({"gpus": {"present": True, "count": 2}})
     assert cfg.layouts == ("contig", "trace") and cfg.kv_trace is not None
-    cases = T.plan_cases(("READ",), (), (), cfg.layouts, kvshape.get_shape(cfg.model_shape), 8192,
-                         cfg.block_sizes, cfg.tp, kv_trace=cfg.kv_trace)  # fmt: skip
+    cases = T.plan_cases(
+        ("READ",),
+        (),
+        (),
+        cfg.layouts,
+        kvshape.get_shape(cfg.model_shape),
+        8192,
+        cfg.block_sizes,
+        cfg.tp,
+        kv_trace=cfg.kv_trace,
+    )
     contig, busy = cases
     assert busy.layout == "trace" and busy.kv["trace"] == "local-busy.jsonl"
     assert busy.descs == contig.descs and busy.span > contig.span  # same blocks, runs broken as recorded

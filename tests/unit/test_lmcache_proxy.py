@@ -49,12 +49,25 @@ class Stack:
         self.tp, self.notifies, self.seen = tp, notifies, {"prefill": [], "decode": []}
         self.loop = asyncio.new_event_loop()
         self.ports = {k: free_port() for k in ("proxy", "notify", "prefill", "decode", "metrics")}
-        dec = lp.Decoder(f"http://127.0.0.1:{self.ports['decode']}", "127.0.0.1",
-                         tuple(7300 + r for r in range(tp)), tuple(7400 + r for r in range(tp)))  # fmt: skip
-        self.cfg = lp.Config(host="127.0.0.1", port=self.ports["proxy"], notify_host="127.0.0.1",
-                             notify_port=self.ports["notify"], prefill=(f"http://127.0.0.1:{self.ports['prefill']}",),
-                             decode=(dec,), api_key="k3y", notify_timeout_s=2.0, request_timeout_s=10,
-                             metrics_host="127.0.0.1", metrics_port=self.ports["metrics"])  # fmt: skip
+        dec = lp.Decoder(
+            f"http://127.0.0.1:{self.ports['decode']}",
+            "127.0.0.1",
+            tuple(7300 + r for r in range(tp)),
+            tuple(7400 + r for r in range(tp)),
+        )
+        self.cfg = lp.Config(
+            host="127.0.0.1",
+            port=self.ports["proxy"],
+            notify_host="127.0.0.1",
+            notify_port=self.ports["notify"],
+            prefill=(f"http://127.0.0.1:{self.ports['prefill']}",),
+            decode=(dec,),
+            api_key="k3y",
+            notify_timeout_s=2.0,
+            request_timeout_s=10,
+            metrics_host="127.0.0.1",
+            metrics_port=self.ports["metrics"],
+        )
         self.proxy = lp.Proxy(self.cfg)
         self.decode_up = decode_up
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -98,8 +111,14 @@ class Stack:
                 for _ in range(self.tp):  # one per TP rank, after the KV is written
                     self.push.send(msgspec.msgpack.encode(ProxyNotif(req_id=spec["req_id"])))
             choice = {"index": 0, "text": " A", "finish_reason": "length"}
-            return web.json_response({"id": "cmpl-p", "choices": [choice], "kv_transfer_params": {"first_tok": FIRST},
-                                      "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1}})
+            return web.json_response(
+                {
+                    "id": "cmpl-p",
+                    "choices": [choice],
+                    "kv_transfer_params": {"first_tok": FIRST},
+                    "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1},
+                }
+            )
 
         app = web.Application()
         app.router.add_post("/tokenize", tokenize)
@@ -114,14 +133,19 @@ class Stack:
             assert body["prompt"][-1] == FIRST and "kv_transfer_params" not in body
             n = body["max_tokens"]
             if not body.get("stream"):
-                return web.json_response({"id": "cmpl-d", "choices": [{"index": 0, "text": " B" * n,
-                                                                       "finish_reason": "length"}],
-                                          "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}})
+                return web.json_response(
+                    {
+                        "id": "cmpl-d",
+                        "choices": [{"index": 0, "text": " B" * n, "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": n},
+                    }
+                )
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             for _ in range(n):
-                await resp.write(f"data: {json.dumps({'id': 'cmpl-d', 'choices': [{'index': 0, 'text': ' B'}]})}\n\n"
-                                 .encode())
+                await resp.write(
+                    f"data: {json.dumps({'id': 'cmpl-d', 'choices': [{'index': 0, 'text': ' B'}]})}\n\n".encode()
+                )
             await resp.write(b"data: [DONE]\n\n")
             return resp
 
@@ -175,8 +199,10 @@ def test_streaming_sends_the_prefills_token_first(stack):
 
 
 def test_chat_is_tokenized_with_the_template_and_answered_as_chat(stack):
-    status, raw = post(stack.url + "/v1/chat/completions",
-                       {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # fmt: skip
+    status, raw = post(
+        stack.url + "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
     out = json.loads(raw)
     assert status == 200 and out["object"] == "chat.completion"
     assert out["choices"][0]["message"] == {"role": "assistant", "content": " A B"}
@@ -231,5 +257,13 @@ def test_health_and_metrics_on_a_working_stack(stack):
 
 def test_config_errors_name_the_decode():
     with pytest.raises(ValueError, match="one init and one alloc port per TP rank"):
-        lp.Config.from_dict({"host": "h", "port": 1, "notify_host": "h", "notify_port": 2, "prefill": ["p"],
-                             "decode": [{"url": "http://d", "host": "d", "init_ports": [1, 2], "alloc_ports": [3]}]})
+        lp.Config.from_dict(
+            {
+                "host": "h",
+                "port": 1,
+                "notify_host": "h",
+                "notify_port": 2,
+                "prefill": ["p"],
+                "decode": [{"url": "http://d", "host": "d", "init_ports": [1, 2], "alloc_ports": [3]}],
+            }
+        )

@@ -80,9 +80,11 @@ def test_every_target_comes_from_the_cluster_model(local):
     cfg = yaml.safe_load((local / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j["static_configs"] for j in cfg["scrape_configs"]}
     vllm = {sc["targets"][0]: sc["labels"] for sc in jobs["vllm"]}
-    assert vllm == {"198.18.0.11:8100": {"pd_role": "prefill", "pd_instance": "prefill0"},
-                    "198.18.0.11:8201": {"pd_role": "decode", "pd_instance": "decode1"},
-                    "198.18.0.12:8200": {"pd_role": "decode", "pd_instance": "decode0"}}  # fmt: skip
+    assert vllm == {
+        "198.18.0.11:8100": {"pd_role": "prefill", "pd_instance": "prefill0"},
+        "198.18.0.11:8201": {"pd_role": "decode", "pd_instance": "decode1"},
+        "198.18.0.12:8200": {"pd_role": "decode", "pd_instance": "decode0"},
+    }
     assert jobs["router"][0]["targets"] == ["198.18.0.11:29000"]
     assert jobs["gateway"][0]["targets"] == ["198.18.0.11:8000"]  # the API gateway's /metrics on the client port
     assert jobs["node"][0]["targets"] == ["198.18.0.11:9100", "198.18.0.12:9100"]
@@ -403,8 +405,9 @@ def test_promtool_rule_tests(local):
 
 def test_the_rule_tests_see_a_wrong_expectation_fail(local):
     """The same harness with the instance-down alert expected too early: promtool must report the failure."""
-    wrong = textwrap.dedent(RULE_TESTS).replace("      - eval_time: 20s\n        alertname: PdinfraInstanceDown\n"
-                                                "        exp_alerts: []\n", "", 1)  # fmt: skip
+    wrong = textwrap.dedent(RULE_TESTS).replace(
+        "      - eval_time: 20s\n        alertname: PdinfraInstanceDown\n        exp_alerts: []\n", "", 1
+    )
     wrong = wrong.replace("eval_time: 30s", "eval_time: 20s", 1)
     (local / "rules-test-wrong.yml").write_text(wrong)
     res = promtool("test", "rules", "rules-test-wrong.yml", cwd=local)

@@ -52,8 +52,12 @@ def fake_vllm_module() -> types.ModuleType:
 def children(n: int, tid: str = "t-1") -> list[types.SimpleNamespace]:
     """vLLM's parallel sampling: n child requests, each with its own copy of the router's kv_transfer_params."""
     params = {"do_remote_prefill": True, "transfer_id": tid, "remote_engine_id": "p0", "remote_bootstrap_addr": "x"}
-    return [types.SimpleNamespace(request_id=f"{i}_cmpl-{tid}", kv_transfer_params=copy.deepcopy(params),
-                                  prompt_token_ids=list(range(40))) for i in range(n)]  # fmt: skip
+    return [
+        types.SimpleNamespace(
+            request_id=f"{i}_cmpl-{tid}", kv_transfer_params=copy.deepcopy(params), prompt_token_ids=list(range(40))
+        )
+        for i in range(n)
+    ]
 
 
 def schedule_apart(mod, reqs, prefill: FakePrefill) -> list[tuple[int, bool]]:

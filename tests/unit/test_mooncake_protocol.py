@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pdinfra.serving import smoke
+from pdinfra.serving import client, smoke
 
 ENGINE = "b7c1d2e3-prefill0"
 
@@ -42,11 +42,19 @@ class Fakes:
             def do_GET(self) -> None:
                 port = self.server.server_address[1]
                 if port == fakes.bootstrap_port and self.path == "/query":
-                    self._send(200, {"0": {"engine_id": ENGINE, "worker_addr": {"0": {"0": "tcp://x:1"}}}}
-                               if fakes.registered else {})  # fmt: skip
+                    self._send(
+                        200,
+                        {"0": {"engine_id": ENGINE, "worker_addr": {"0": {"0": "tcp://x:1"}}}}
+                        if fakes.registered
+                        else {},
+                    )
                 elif self.path == "/metrics":
-                    self._send(200, 'vllm:prompt_tokens_by_source_total{engine="0",source="external_kv_transfer"} '
-                                    f'{fakes.moved}\n', "text/plain")  # fmt: skip
+                    self._send(
+                        200,
+                        'vllm:prompt_tokens_by_source_total{engine="0",source="external_kv_transfer"} '
+                        f"{fakes.moved}\n",
+                        "text/plain",
+                    )
                 else:
                     self._send(404, {})
 
@@ -62,8 +70,12 @@ class Fakes:
                     out["kv_transfer_params"] = None  # MooncakeConnector's prefill returns none
                 else:
                     tid = params.get("transfer_id")
-                    if (params.get("do_remote_prefill") and params.get("remote_engine_id") == ENGINE
-                            and params.get("remote_bootstrap_addr") == fakes.bootstrap and tid in fakes.sent):
+                    if (
+                        params.get("do_remote_prefill")
+                        and params.get("remote_engine_id") == ENGINE
+                        and params.get("remote_bootstrap_addr") == fakes.bootstrap
+                        and tid in fakes.sent
+                    ):
                         fakes.sent.pop(tid)
                         fakes.moved += 40
                 self._send(200, out)
@@ -95,20 +107,20 @@ def fakes():
 
 
 def test_two_stage_speaks_mooncakes_protocol_and_the_kv_moves(fakes):
-    before = smoke.scrape([fakes.decode_url])
+    before = client.scrape([fakes.decode_url])
     body = {"model": "m", "prompt": "p", "max_tokens": 4}
-    out = smoke.two_stage(fakes.prefill_url, fakes.decode_url, body, bootstrap=fakes.bootstrap, timeout=10)
+    out = client.two_stage(fakes.prefill_url, fakes.decode_url, body, bootstrap=fakes.bootstrap, timeout=10)
     assert out is not None and out["usage"]["completion_tokens"] == 4
     p_params, d_params = fakes.seen
     assert p_params["transfer_id"] == d_params["transfer_id"] and p_params["transfer_id"].startswith("pdinfra-")
     assert fakes.sent == {}  # the decode asked for exactly what the prefill kept
-    proof = smoke.kv_proof(before, smoke.scrape([fakes.decode_url]), "mooncake", prompt_tokens=20)
+    proof = smoke.kv_proof(before, client.scrape([fakes.decode_url]), "mooncake", prompt_tokens=20)
     assert proof.ok and proof.name == "KV cache moved prefill -> decode over Mooncake", proof
 
 
 def test_each_request_gets_its_own_transfer_id(fakes):
     for _ in range(2):
-        smoke.two_stage(fakes.prefill_url, fakes.decode_url, {"model": "m", "prompt": "p"}, bootstrap=fakes.bootstrap)
+        client.two_stage(fakes.prefill_url, fakes.decode_url, {"model": "m", "prompt": "p"}, bootstrap=fakes.bootstrap)
     ids = [p["transfer_id"] for p in fakes.seen]
     assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2]
 
@@ -117,16 +129,20 @@ def test_a_prefill_whose_workers_never_registered_is_an_error_not_a_pass():
     f = Fakes(registered=False)
     try:
         with pytest.raises(ValueError, match="lists no engine"):
-            smoke.two_stage(f.prefill_url, f.decode_url, {"model": "m", "prompt": "p"}, bootstrap=f.bootstrap)
+            client.two_stage(f.prefill_url, f.decode_url, {"model": "m", "prompt": "p"}, bootstrap=f.bootstrap)
     finally:
         f.close()
 
 
 def test_the_mooncake_proof_fails_when_the_decode_computed_the_prompt_itself():
-    before = smoke.parse_metrics('vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 100\n'
-                                 'vllm:prompt_tokens_by_source_total{source="local_compute"} 0\n')  # fmt: skip
-    after = smoke.parse_metrics('vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 100\n'
-                                'vllm:prompt_tokens_by_source_total{source="local_compute"} 80\n')  # fmt: skip
+    before = client.parse_metrics(
+        'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 100\n'
+        'vllm:prompt_tokens_by_source_total{source="local_compute"} 0\n'
+    )
+    after = client.parse_metrics(
+        'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 100\n'
+        'vllm:prompt_tokens_by_source_total{source="local_compute"} 80\n'
+    )
     proof = smoke.kv_proof(before, after, "mooncake", prompt_tokens=40)
     assert not proof.ok and "+0 prompt tokens from external_kv_transfer, +80 computed locally" in proof.evidence
     assert not smoke.kv_proof(before, before, "mooncake", prompt_tokens=0).ok  # unknown prompt size: no pass

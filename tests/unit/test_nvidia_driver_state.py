@@ -21,8 +21,9 @@ PIN = "580.159.04"
 
 
 def judge(facts: dict, dpkg: list[str] | None = None, smi: list[str] | None = None, pin: str = PIN) -> dict:
-    return S.nvidia_driver_state(facts["nvidia_driver"], dpkg or [], smi_lines(facts) if smi is None else smi, pin,
-                                 facts.get("modules"))  # fmt: skip
+    return S.nvidia_driver_state(
+        facts["nvidia_driver"], dpkg or [], smi_lines(facts) if smi is None else smi, pin, facts.get("modules")
+    )
 
 
 @pytest.mark.parametrize("host", sorted(ONE_GPU_FACTS))
@@ -101,9 +102,11 @@ def test_package_lines():
         "ii \tnvidia-kernel-open-dkms\t580.159.04-1", "garbage",
     ]  # fmt: skip
     assert [p["name"] for p in S.nvidia_driver_packages(lines)] == [
-        "nvidia-open", "nvidia-headless-no-dkms-580-server-open",
-        "linux-modules-nvidia-580-server-open-6.8.0-45-generic", "nvidia-kernel-open-dkms",
-    ]  # fmt: skip
+        "nvidia-open",
+        "nvidia-headless-no-dkms-580-server-open",
+        "linux-modules-nvidia-580-server-open-6.8.0-45-generic",
+        "nvidia-kernel-open-dkms",
+    ]
 
 
 def test_every_package_the_role_installs_counts_as_a_packaged_driver():

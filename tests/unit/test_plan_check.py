@@ -16,8 +16,15 @@ from pdinfra.bench import plan_check, predict, profile
 from pdinfra.cluster.slo import SLO
 
 REPO = Path(__file__).resolve().parents[2]
-RECORDED = (REPO / "docs" / "runs" / "2026-12-02-pd-long-prompts-local" / "1p1d-affinity-run" / "points" /
-            "pd-isl1536-osl64-c4.json")  # fmt: skip
+RECORDED = (
+    REPO
+    / "docs"
+    / "runs"
+    / "2026-12-02-pd-long-prompts-local"
+    / "1p1d-affinity-run"
+    / "points"
+    / "pd-isl1536-osl64-c4.json"
+)
 PROFILE = REPO / "tests" / "fixtures" / "profiles" / "local-cpu-tiny-1536.json"
 SLO_LOCAL = SLO.from_dict({"ttft_ms": 2000, "itl_p99_ms": 50})
 
@@ -54,12 +61,25 @@ def test_quantiles_are_read_as_vllm_computes_them_from_the_successful_requests(r
 
 def test_predicted_vs_measured_ratios_the_tolerance_and_the_slo(result):
     # predictions chosen against the record: TTFT 10 % low, ITL P99 40 % high, TPOT and E2EL on the mark
-    pred = prediction(ttft=result["p90_ttft_ms"] / 1.1, itl99=result["p99_itl_ms"] / 0.6, tpot=result["mean_tpot_ms"],
-                      e2el=result["p90_e2el_ms"], rate=result["request_throughput"])  # fmt: skip
+    pred = prediction(
+        ttft=result["p90_ttft_ms"] / 1.1,
+        itl99=result["p99_itl_ms"] / 0.6,
+        tpot=result["mean_tpot_ms"],
+        e2el=result["p90_e2el_ms"],
+        rate=result["request_throughput"],
+    )
     c = plan_check.compare(pred, result, SLO_LOCAL)
     r = rows(c)
-    assert list(r) == ["TTFT P90 ms", "ITL P99 ms", "TPOT mean ms", "E2EL P90 ms", "throughput req/s",
-                       "output tokens/s", "goodput req/s (at least)", "requests within the SLO's bounds"]  # fmt: skip
+    assert list(r) == [
+        "TTFT P90 ms",
+        "ITL P99 ms",
+        "TPOT mean ms",
+        "E2EL P90 ms",
+        "throughput req/s",
+        "output tokens/s",
+        "goodput req/s (at least)",
+        "requests within the SLO's bounds",
+    ]
     assert r["TTFT P90 ms"].ratio == pytest.approx(1.1) and r["TTFT P90 ms"].within is True
     assert r["ITL P99 ms"].ratio == pytest.approx(0.6) and r["ITL P99 ms"].within is False
     assert r["TPOT mean ms"].ratio == pytest.approx(1.0) and r["E2EL P90 ms"].ratio == pytest.approx(1.0)

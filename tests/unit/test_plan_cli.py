@@ -24,8 +24,15 @@ def run(*args: str):
 def test_help_names_the_load_the_profiles_and_the_hardware():
     res = run("plan", "--help")
     assert res.exit_code == 0
-    for opt in ("--profile", "--rate", "--from-prometheus", "--horizon", "--gpus-per-host", "--headroom",
-                "--measured-ttft-ms"):  # fmt: skip
+    for opt in (
+        "--profile",
+        "--rate",
+        "--from-prometheus",
+        "--horizon",
+        "--gpus-per-host",
+        "--headroom",
+        "--measured-ttft-ms",
+    ):
         assert opt in res.output, opt
 
 
@@ -39,8 +46,9 @@ def test_plan_prints_the_candidates_the_choice_and_its_reasons():
 
 
 def test_plan_json_and_an_explicit_price():
-    res = run("plan", "-p", PROFILE, *LOAD, *SLO, "--price-per-host-hour", "1.5", "--price-source", "our quote",
-              "--json")  # fmt: skip
+    res = run(
+        "plan", "-p", PROFILE, *LOAD, *SLO, "--price-per-host-hour", "1.5", "--price-source", "our quote", "--json"
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["chosen"]["config"] == "PD 1P TP1 : 1D TP1" and data["chosen"]["cost_per_hour"] == 1.5
@@ -57,8 +65,9 @@ def test_plan_refuses_without_an_slo_or_a_host_size():
 
 def test_bench_profile_writes_a_profile_from_recorded_runs(tmp_path):
     out = tmp_path / "p.json"
-    res = run("bench", "profile", str(RUNS / "1p1d-affinity-run"), "-o", str(out), "--hardware", "cpu-node",
-              "--device", "cpu")  # fmt: skip
+    res = run(
+        "bench", "profile", str(RUNS / "1p1d-affinity-run"), "-o", str(out), "--hardware", "cpu-node", "--device", "cpu"
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data["kind"] == "pdinfra-profile" and data["shape"]["device"] == "cpu" and len(data["decode"]) == 3

@@ -36,8 +36,14 @@ def test_the_recorded_profile_is_what_the_recorded_runs_build(monkeypatch):
     built = profile_build.build(runs, hardware="cpu-node", cpu_cores=1, device="cpu", machine=machine)
     assert built.to_dict() == profile.load(LOCAL).to_dict()
     d = built.to_dict()
-    assert d["shape"] == {"model": "pdinfra-tiny-llama", "tp": 1, "gpus": 0, "cpu_cores": 1, "hardware": "cpu-node",
-                          "device": "cpu"}  # fmt: skip
+    assert d["shape"] == {
+        "model": "pdinfra-tiny-llama",
+        "tp": 1,
+        "gpus": 0,
+        "cpu_cores": 1,
+        "hardware": "cpu-node",
+        "device": "cpu",
+    }
     # the prefill instance's own prefill time at concurrency 1 (server side), not the client's TTFT
     assert d["prefill"] == [{"isl": 1536.0, "ms": pytest.approx(67.4, abs=0.1)}]
     assert [p["context"] for p in d["decode"]] == [1568.0] * 5  # ISL + OSL/2
@@ -99,8 +105,9 @@ def test_pd_prediction_is_the_sum_of_its_terms(local):
     mean = local.itl_ms(b, 1568).value
     assert b == pytest.approx(2.0 * 64 * mean / 1000, rel=1e-3)  # Little's law at the fixed point
     wait = predict.queue_wait_s(2.0, local.prefill_ms(1536).value / 1000, 1, 0.9) * 1000
-    assert pr.ttft_ms == pytest.approx(local.overhead("pd") + wait + local.prefill_ms(1536).value
-                                       + local.kv_ms(1536).value + mean)  # fmt: skip
+    assert pr.ttft_ms == pytest.approx(
+        local.overhead("pd") + wait + local.prefill_ms(1536).value + local.kv_ms(1536).value + mean
+    )
     assert pr.itl_p99_ms == pytest.approx(local.itl_ms(b, 1568, "itl_p99_ms").value)
     assert pr.meets(SLO_LOCAL) is True and pr.status == "interpolated"
 
@@ -136,15 +143,17 @@ def test_enumeration_covers_both_layouts_and_tp_per_role(local):
     assert {"agg 4x TP1", "agg 2x TP2", "PD 1P TP2 : 2D TP1", "PD 2P TP1 : 1D TP2", "PD 1P TP2 : 1D TP2"} <= labels
     assert "agg 5x TP1" not in labels and "PD 2P TP2 : 1D TP1" not in labels  # 5 GPUs: beyond one 4-GPU host
     with pytest.raises(planner.PlanError, match="several models"):
-        planner.enumerate_configs([profs[0], profile.from_dict({**tp2, "shape": {**tp2["shape"], "model": "n"}})],
-                                  hw)  # fmt: skip
+        planner.enumerate_configs([profs[0], profile.from_dict({**tp2, "shape": {**tp2["shape"], "model": "n"}})], hw)
 
 
-@pytest.mark.parametrize(("rate", "layout", "label", "add"), [
-    (1.0, "agg", "agg 1x TP1", 0),  # light load: one aggregated instance is enough, PD's second core is waste
-    (3.0, "pd", "PD 1P TP1 : 1D TP1", 0),  # agg breaks the ITL P99 with prefill stalls; PD on two cores does not
-    (15.0, "pd", "PD 2P TP1 : 3D TP1", 1),  # more than the two local hosts hold
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("rate", "layout", "label", "add"),
+    [
+        (1.0, "agg", "agg 1x TP1", 0),  # light load: one aggregated instance is enough, PD's second core is waste
+        (3.0, "pd", "PD 1P TP1 : 1D TP1", 0),  # agg breaks the ITL P99 with prefill stalls; PD on two cores does not
+        (15.0, "pd", "PD 2P TP1 : 3D TP1", 1),  # more than the two local hosts hold
+    ],
+)
 def test_the_choice_is_the_cheapest_within_the_slo(local, rate, layout, label, add):
     p = planner.plan(predict.Load(rate, 1536, 64), SLO_LOCAL, [local], CPU_HW, headroom=0.2)
     assert p.chosen is not None and p.chosen.config.layout == layout and p.chosen.config.label == label, p.reasoning

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from pdinfra import paths
-from pdinfra.playbook import DROPPED, Failure, _Run, adhoc, result_message, run_playbook, runner_env
+from pdinfra.playbook import DROPPED, Failure, PlaybookRun, adhoc, result_message, run_playbook, runner_env
 
 
-def _events(run: _Run, *events: tuple[str, dict]) -> None:
+def _events(run: PlaybookRun, *events: tuple[str, dict]) -> None:
     for kind, data in events:
         run.handle({"event": kind, "event_data": data, "stdout": ""})
 
@@ -29,7 +29,7 @@ def _task(name: str, role: str | None = None) -> tuple[str, dict]:
 
 def test_events_give_tasks_failures_recap_and_folded_progress(tmp_path):
     lines: list[str] = []
-    run = _Run(lines.append, tmp_path / "x.log", tmp_path / "x.events.jsonl")
+    run = PlaybookRun(lines.append, tmp_path / "x.log", tmp_path / "x.events.jsonl")
     _events(
         run,
         ("playbook_on_play_start", {"name": "Serving"}),
@@ -43,22 +43,48 @@ def test_events_give_tasks_failures_recap_and_folded_progress(tmp_path):
         ("runner_on_failed", {"host": "node2", "ignore_errors": True, "res": {"msg": "tolerated"}}),
         ("runner_on_failed", {"host": "node1", "res": {"msg": "no /health after 3 s", "rc": 1, "stderr": "boom"}}),
         _task("Write each instance's environment", "vllm_instance"),
-        ("runner_item_on_failed", {"host": "node2",
-                                   "res": {"_ansible_item_label": "decode0", "msg": "'x' is undefined"}}),
+        (
+            "runner_item_on_failed",
+            {"host": "node2", "res": {"_ansible_item_label": "decode0", "msg": "'x' is undefined"}},
+        ),
         ("runner_on_failed", {"host": "node2", "res": {"msg": "One or more items failed", "results": [{"item": 1}]}}),
-        ("playbook_on_stats", {"ok": {"node1": 3, "node2": 2}, "changed": {"node1": 1}, "failures": {"node1": 1},
-                               "skipped": {"node1": 1, "node2": 1}, "dark": {}, "processed": {"node1": 1}}),
-    )  # fmt: skip
+        (
+            "playbook_on_stats",
+            {
+                "ok": {"node1": 3, "node2": 2},
+                "changed": {"node1": 1},
+                "failures": {"node1": 1},
+                "skipped": {"node1": 1, "node2": 1},
+                "dark": {},
+                "processed": {"node1": 1},
+            },
+        ),
+    )
     run.close()
-    assert [t.name for t in run.tasks][:3] == ["pd_runtime : Install", "pd_runtime : Only on GPU hosts",
-                                               "vllm_instance : Probe"]  # fmt: skip
+    assert [t.name for t in run.tasks][:3] == [
+        "pd_runtime : Install",
+        "pd_runtime : Only on GPU hosts",
+        "vllm_instance : Probe",
+    ]
     assert run.tasks[0].hosts == {"node1": "changed", "node2": "ok"}
     assert run.tasks[2].hosts == {"node2": "ignored", "node1": "failed"}
-    assert run.failures == [Failure("node1", "vllm_instance : Probe", "no /health after 3 s\nboom"),
-                            Failure("node2", "vllm_instance : Write each instance's environment",
-                                    "One or more items failed\nitem decode0: 'x' is undefined")]  # fmt: skip
-    assert run.recap["node1"] == {"ok": 3, "changed": 1, "unreachable": 0, "failed": 1, "skipped": 1, "rescued": 0,
-                                  "ignored": 0}  # fmt: skip
+    assert run.failures == [
+        Failure("node1", "vllm_instance : Probe", "no /health after 3 s\nboom"),
+        Failure(
+            "node2",
+            "vllm_instance : Write each instance's environment",
+            "One or more items failed\nitem decode0: 'x' is undefined",
+        ),
+    ]
+    assert run.recap["node1"] == {
+        "ok": 3,
+        "changed": 1,
+        "unreachable": 0,
+        "failed": 1,
+        "skipped": 1,
+        "rescued": 0,
+        "ignored": 0,
+    }
     assert run.recap["node2"]["failed"] == 0 and run.recap["node2"]["ok"] == 2
     text = "\n".join(lines)
     assert "PLAY Serving" in text and "pd_runtime : Install  [changed 1, ok 1]" in text
@@ -73,7 +99,7 @@ def test_a_long_task_gets_its_line_before_it_ends(tmp_path, monkeypatch):
     import pdinfra.playbook as pb
 
     lines: list[str] = []
-    run = _Run(lines.append, tmp_path / "x.log", tmp_path / "x.events.jsonl")
+    run = PlaybookRun(lines.append, tmp_path / "x.log", tmp_path / "x.events.jsonl")
     _events(run, ("playbook_on_play_start", {"name": "p"}), _task("Wait for /health"))
     assert run.tick() is False and not any("Wait" in x for x in lines)  # never cancels; not long yet
     monkeypatch.setattr(pb, "LONG_TASK_S", 0.0)
@@ -102,7 +128,7 @@ def test_result_message_names_the_failed_items_and_the_command_output():
 
 
 def test_a_rescued_failure_is_kept_apart_from_the_runs_failures(tmp_path):
-    run = _Run(None, tmp_path / "x.log", tmp_path / "x.events.jsonl")
+    run = PlaybookRun(None, tmp_path / "x.log", tmp_path / "x.events.jsonl")
     _events(
         run,
         ("playbook_on_play_start", {"name": "p"}),
@@ -110,7 +136,7 @@ def test_a_rescued_failure_is_kept_apart_from_the_runs_failures(tmp_path):
         ("runner_on_failed", {"host": "node1", "res": {"msg": "rescued later"}}),
         ("runner_on_failed", {"host": "node2", "res": {"msg": "really failed"}}),
         ("playbook_on_stats", {"ok": {"node1": 2}, "rescued": {"node1": 1}, "failures": {"node2": 1}}),
-    )  # fmt: skip
+    )
     run.close()
     assert run.take_rescued() == [Failure("node1", "Try", "rescued later")]
     assert run.failures == [Failure("node2", "Try", "really failed")]
@@ -146,8 +172,15 @@ def test_a_failing_play_reports_the_host_and_the_message(tmp_path):
     assert res.failures == [Failure("localhost", "Check the variable", "host localhost: pdinfra_x is not set")]
     assert res.task_names() == ["Say something", "Tolerated failure", "Check the variable"]
     assert res.tasks[2].hosts == {"localhost": "ignored"} and res.mentions("hello from the play")
-    assert res.recap["localhost"] == {"ok": 2, "changed": 1, "unreachable": 0, "failed": 1, "skipped": 1,
-                                      "rescued": 0, "ignored": 1}  # fmt: skip
+    assert res.recap["localhost"] == {
+        "ok": 2,
+        "changed": 1,
+        "unreachable": 0,
+        "failed": 1,
+        "skipped": 1,
+        "rescued": 0,
+        "ignored": 1,
+    }
     text = "\n".join(lines)
     assert "FAILED localhost: Check the variable" in text and "host localhost: pdinfra_x is not set" in text
     assert "Never on this host" not in text and "(1 task skipped on every host)" in text
@@ -160,9 +193,23 @@ def test_a_failing_play_reports_the_host_and_the_message(tmp_path):
 @pytest.mark.slow
 def test_a_failed_loop_item_is_named_with_its_message(tmp_path):
     book = tmp_path / "loop.yml"
-    book.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": [
-        {"name": "Each item", "ansible.builtin.command": "sh -c 'echo bad {{ item }} >&2; exit {{ item }}'",
-         "loop": [0, 4]}]}]))  # fmt: skip
+    book.write_text(
+        json.dumps(
+            [
+                {
+                    "hosts": "all",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "name": "Each item",
+                            "ansible.builtin.command": "sh -c 'echo bad {{ item }} >&2; exit {{ item }}'",
+                            "loop": [0, 4],
+                        }
+                    ],
+                }
+            ]
+        )
+    )
     res = run_playbook("localhost,", book, LOCAL, log=tmp_path / "loop.log", timeout_s=120)
     (failure,) = res.failures
     assert failure.host == "localhost" and failure.task == "Each item", failure
@@ -173,9 +220,22 @@ def test_a_failed_loop_item_is_named_with_its_message(tmp_path):
 @pytest.mark.slow
 def test_a_failure_a_rescue_block_handled_does_not_fail_the_run(tmp_path):
     book = tmp_path / "rescue.yml"
-    book.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": [{"block": [
-        {"name": "Try", "ansible.builtin.command": "sh -c 'echo why; exit 3'"}],
-        "rescue": [{"name": "Recover", "ansible.builtin.debug": {"msg": "recovered"}}]}]}]))  # fmt: skip
+    book.write_text(
+        json.dumps(
+            [
+                {
+                    "hosts": "all",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "block": [{"name": "Try", "ansible.builtin.command": "sh -c 'echo why; exit 3'"}],
+                            "rescue": [{"name": "Recover", "ansible.builtin.debug": {"msg": "recovered"}}],
+                        }
+                    ],
+                }
+            ]
+        )
+    )
     res = run_playbook("localhost,", book, LOCAL, log=tmp_path / "rescue.log", timeout_s=120)
     assert res.rc == 0 and res.failures == [] and res.recap["localhost"]["rescued"] == 1, res.summary()
     (handled,) = res.rescued
@@ -197,8 +257,17 @@ def test_an_inventory_ansible_cannot_parse_is_a_failure_in_its_own_words(tmp_pat
 @pytest.mark.slow
 def test_a_run_past_its_bound_is_stopped_and_says_so(tmp_path):
     book = tmp_path / "slow.yml"
-    book.write_text(json.dumps([{"hosts": "all", "gather_facts": False,
-                                 "tasks": [{"name": "Sleep", "ansible.builtin.command": "sleep 60"}]}]))  # fmt: skip
+    book.write_text(
+        json.dumps(
+            [
+                {
+                    "hosts": "all",
+                    "gather_facts": False,
+                    "tasks": [{"name": "Sleep", "ansible.builtin.command": "sleep 60"}],
+                }
+            ]
+        )
+    )
     # a process of this one that is no part of the run (as the test hosts' nspawn is under `pdinfra up`) lives on
     bystander = subprocess.Popen(["sleep", "120"])
     res = run_playbook("localhost,", book, LOCAL, log=tmp_path / "slow.log", timeout_s=5)
@@ -218,8 +287,17 @@ def test_a_run_past_its_bound_is_stopped_and_says_so(tmp_path):
 @pytest.mark.slow
 def test_adhoc_returns_the_module_result(tmp_path):
     inv = tmp_path / "hosts.yml"
-    inv.write_text(json.dumps({"all": {"hosts": {"localhost": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))  # fmt: skip
+    inv.write_text(
+        json.dumps(
+            {
+                "all": {
+                    "hosts": {
+                        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                    }
+                }
+            }
+        )
+    )
     ok = adhoc(inv, "localhost", "ansible.builtin.command", {"cmd": "echo hi"}, timeout_s=120)
     assert ok["stdout"] == "hi" and not ok.get("failed")
     bad = adhoc(inv, "localhost", "ansible.builtin.command", {"cmd": "false"}, timeout_s=120)
@@ -231,12 +309,26 @@ def test_adhoc_returns_the_module_result(tmp_path):
 def test_adhoc_paths_are_the_callers_relative_ones(tmp_path, monkeypatch):
     """A relative inventory and a fetch's relative dest mean the caller's directory (bench conditional's
     --out docs/runs/X once fetched into ansible-runner's temporary directory and lost every result)."""
-    (tmp_path / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"localhost": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))  # fmt: skip
+    (tmp_path / "hosts.yml").write_text(
+        json.dumps(
+            {
+                "all": {
+                    "hosts": {
+                        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+                    }
+                }
+            }
+        )
+    )
     (tmp_path / "src.txt").write_text("kept\n")
     monkeypatch.chdir(tmp_path)
-    got = adhoc(Path("hosts.yml"), "localhost", "ansible.builtin.fetch",
-                {"src": str(tmp_path / "src.txt"), "dest": "out/fetched.txt", "flat": True}, timeout_s=120)  # fmt: skip
+    got = adhoc(
+        Path("hosts.yml"),
+        "localhost",
+        "ansible.builtin.fetch",
+        {"src": str(tmp_path / "src.txt"), "dest": "out/fetched.txt", "flat": True},
+        timeout_s=120,
+    )
     assert not got.get("failed"), got
     assert (tmp_path / "out" / "fetched.txt").read_text() == "kept\n"
 

@@ -43,14 +43,17 @@ def test_hosts_get_their_profile_price_unless_the_inventory_gives_one():
     assert again.host("gpu2").price == cl.host("gpu2").price
 
 
-@pytest.mark.parametrize(("price", "needle"), [
-    ({"per_gpu_hour": 2.0}, "source is required"),
-    ({"per_gpu_hour": 2.0, "per_host_hour": 16, "source": "x"}, "exactly one of per_gpu_hour and per_host_hour"),
-    ({"per_gpu_hour": -1, "source": "x"}, "per_gpu_hour must be a number >= 0"),
-    ({"per_gpu_hour": "cheap", "source": "x"}, "per_gpu_hour must be a number, not 'cheap'"),
-    ({"per_gpu_hr": 2, "source": "x"}, "unknown key(s) per_gpu_hr"),
-    ("2 dollars", "must be a mapping"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("price", "needle"),
+    [
+        ({"per_gpu_hour": 2.0}, "source is required"),
+        ({"per_gpu_hour": 2.0, "per_host_hour": 16, "source": "x"}, "exactly one of per_gpu_hour and per_host_hour"),
+        ({"per_gpu_hour": -1, "source": "x"}, "per_gpu_hour must be a number >= 0"),
+        ({"per_gpu_hour": "cheap", "source": "x"}, "per_gpu_hour must be a number, not 'cheap'"),
+        ({"per_gpu_hr": 2, "source": "x"}, "unknown key(s) per_gpu_hr"),
+        ("2 dollars", "must be a mapping"),
+    ],
+)
 def test_a_bad_price_is_a_problem_naming_the_host_and_variable(price, needle):
     hv = copy.deepcopy(GPU)
     hv["gpu1"]["pdinfra_price"] = price

@@ -49,8 +49,12 @@ class Fake:
                 if self.path == "/health" and fake.kind != "router":
                     self._send(200, "")
                 elif self.path == "/metrics":
-                    self._send(200, f'vllm:nixl_xfer_time_seconds_count{{engine="0"}} {fake.transfers}\n'
-                                    'vllm:nixl_num_failed_transfers_total{engine="0"} 0\n', "text/plain")  # fmt: skip
+                    self._send(
+                        200,
+                        f'vllm:nixl_xfer_time_seconds_count{{engine="0"}} {fake.transfers}\n'
+                        'vllm:nixl_num_failed_transfers_total{engine="0"} 0\n',
+                        "text/plain",
+                    )
                 else:
                     self._send(404, "{}")
 

@@ -23,8 +23,18 @@ def results():
 
 def test_recorded_h200x2_passes_every_gpu_check():
     r = results()
-    for cid in ("driver.open_module", "driver.version", "gpu.count", "gpu.nvlink", "gpu.p2p", "gpu.pcie",
-                "gpu.fabric", "gpu.dmabuf", "os.kernel_version", "os.kernel_dmabuf_config"):  # fmt: skip
+    for cid in (
+        "driver.open_module",
+        "driver.version",
+        "gpu.count",
+        "gpu.nvlink",
+        "gpu.p2p",
+        "gpu.pcie",
+        "gpu.fabric",
+        "gpu.dmabuf",
+        "os.kernel_version",
+        "os.kernel_dmabuf_config",
+    ):
         assert r[cid].verdict == "pass", (cid, r[cid].evidence)
     assert not [c for c in r.values() if c.verdict == "fail"]
 
@@ -63,9 +73,16 @@ def test_recorded_cluster_run_judged_again_under_the_profile_expectations():
     # the recording predates the toolchain, health and pcie_acs facts: its compilers, health counters and PCI tree are
     # unknown, a warn (never a pass)
     assert [i for i, r in results.items() if r.verdict == checks.WARN] == [
-        "gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "pcie.acs",
-        "ucx.transports", "serving.toolchain",
-    ]  # fmt: skip
+        "gpu.ecc",
+        "gpu.row_remap",
+        "gpu.clocks",
+        "gpu.nvlink_errors",
+        "gpu.xid",
+        "pcie.aer",
+        "pcie.acs",
+        "ucx.transports",
+        "serving.toolchain",
+    ]
     for cid in ("gpu.ecc", "gpu.row_remap", "gpu.clocks", "gpu.nvlink_errors", "gpu.xid", "pcie.aer", "pcie.acs"):
         assert results[cid].evidence.startswith("cannot verify"), results[cid]
     assert "17 pass, 1 warn, 0 fail, 5 n/a" in (CLUSTER_RUN / "validate-table.txt").read_text()
@@ -78,9 +95,16 @@ def test_recorded_cluster_run_planned_its_kv_case_from_cluster_json():
     cluster, node = Cluster.load(CLUSTER_RUN / "cluster.json")
     plan = transfer_checks.kv_plan(True, cluster, node)
     report = json.loads((CLUSTER_RUN / "transfer.json").read_text())
-    assert report["kv_plan"] == plan.__dict__ == {
-        "source": "cluster.json (h200x2)", "model_shape": "gpt-oss-120b", "block_size": 64, "tp": 1,
-        "kv_dtype": "bfloat16",
-    }  # fmt: skip
+    assert (
+        report["kv_plan"]
+        == plan.__dict__
+        == {
+            "source": "cluster.json (h200x2)",
+            "model_shape": "gpt-oss-120b",
+            "block_size": 64,
+            "tp": 1,
+            "kv_dtype": "bfloat16",
+        }
+    )
     kv = [r for r in report["results"] if r["case"].startswith("READ kv:")]
     assert kv and kv[0]["descs"] == 9216 and kv[0]["verdict"] == "pass"

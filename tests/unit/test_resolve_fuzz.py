@@ -28,14 +28,38 @@ from pdinfra.cluster import resolve as R
 from pdinfra.cluster import schema
 
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**63),
-    st.sampled_from([0, -1, 1, 65535, 65536, 1023, 2**31]), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=20), st.sampled_from(["", " ", "8", "-1", "1e3", "15000:16999", "a-b", "yes", "no", "auto",
-                                           "198.18.0.0/24", "::1/128", "/", "../x", "{{ x }}", "None"]),
-)  # fmt: skip
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                        st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                      max_leaves=6)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63),
+    st.sampled_from([0, -1, 1, 65535, 65536, 1023, 2**31]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "8",
+            "-1",
+            "1e3",
+            "15000:16999",
+            "a-b",
+            "yes",
+            "no",
+            "auto",
+            "198.18.0.0/24",
+            "::1/128",
+            "/",
+            "../x",
+            "{{ x }}",
+            "None",
+        ]
+    ),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=6,
+)
 
 PDINFRA_NAMES = sorted(schema.PDINFRA)
 MODEL_KEYS = [f.name for f in schema.MODEL_FIELDS]
@@ -125,11 +149,12 @@ def test_an_unexpected_exception_is_a_problem_not_a_traceback(monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(R, "_monitoring", broken)
+    monkeypatch.setattr(R, "resolve_monitoring", broken)
     res = R.resolve(copy.deepcopy(CPU), copy.deepcopy(GROUPS))
     assert not res.ok and [str(p) for p in res.problems] == [
         "pdinfra: resolving the inventory failed inside pdinfra (RuntimeError: boom); this is a pdinfra bug: report "
-        "it with the inventory"]
+        "it with the inventory"
+    ]
 
 
 # ----------------------------------------------------------------------------- every wrong value is refused, named
@@ -173,15 +198,21 @@ def _rule_wrong(rule: schema.Rule) -> list[Any]:
 
 def _cases() -> list[tuple[str, str, str, Any]]:
     """(kind, variable, type, wrong value) for every operator-settable variable and every value its type rules out."""
-    out = [("pdinfra", n, schema.PDINFRA[n].type, v) for n in PDINFRA_NAMES
-           for v in WRONG.get(schema.PDINFRA[n].type, [])]  # fmt: skip
+    out = [
+        ("pdinfra", n, schema.PDINFRA[n].type, v) for n in PDINFRA_NAMES for v in WRONG.get(schema.PDINFRA[n].type, [])
+    ]
     out += [("model", f.name, f.type, v) for f in schema.MODEL_FIELDS for v in WRONG.get(f.type, [])]
     out += [("instance", f.name, f.type, v) for f in schema.INSTANCE_FIELDS for v in WRONG.get(f.type, [])]
     role_vars = {n: rv for rs in schema.role_schemas().values() for n, rv in rs.variables.items()}
-    out += [("role", n, role_vars[n].type, v) for n in ROLE_NAMES if n not in schema.DERIVED_ROLE_VARS
-            for v in ROLE_WRONG.get(role_vars[n].type, [])]  # fmt: skip
-    out += [("rule", n, role_vars[n].type, v) for n, rule in sorted(schema.ROLE_RULES.items())
-            for v in _rule_wrong(rule)]  # fmt: skip
+    out += [
+        ("role", n, role_vars[n].type, v)
+        for n in ROLE_NAMES
+        if n not in schema.DERIVED_ROLE_VARS
+        for v in ROLE_WRONG.get(role_vars[n].type, [])
+    ]
+    out += [
+        ("rule", n, role_vars[n].type, v) for n, rule in sorted(schema.ROLE_RULES.items()) for v in _rule_wrong(rule)
+    ]
     out += [("expect", f.name, f.type, v) for f in schema.EXPECT_FIELDS for v in EXPECT_WRONG[f.type]]
     return out
 
@@ -193,17 +224,22 @@ def test_the_refusal_cases_reach_every_operator_settable_variable():
     """Every variable of the schema and of the roles' argument_specs has a wrong value below, except the roles'
     variables that pdinfra derives from the cluster model (set by the operator, they are refused as such)."""
     reached = {(k, n) for k, n, _, _ in CASES}
-    settable = ({("pdinfra", n) for n in PDINFRA_NAMES} | {("model", k) for k in MODEL_KEYS}
-                | {("instance", k) for k in INSTANCE_KEYS} | {("expect", k) for k in EXPECT_KEYS}
-                | {("role", n) for n in ROLE_NAMES if n not in schema.DERIVED_ROLE_VARS}
-                | {("rule", n) for n in schema.ROLE_RULES})  # fmt: skip
+    settable = (
+        {("pdinfra", n) for n in PDINFRA_NAMES}
+        | {("model", k) for k in MODEL_KEYS}
+        | {("instance", k) for k in INSTANCE_KEYS}
+        | {("expect", k) for k in EXPECT_KEYS}
+        | {("role", n) for n in ROLE_NAMES if n not in schema.DERIVED_ROLE_VARS}
+        | {("rule", n) for n in schema.ROLE_RULES}
+    )
     unreached = sorted(settable - reached)
     types = {schema.PDINFRA[n].type for k, n in unreached if k == "pdinfra"}
     assert not unreached, f"no wrong value for these variables (types {types}): {unreached}"
 
 
-@pytest.mark.parametrize(("kind", "name", "type_", "value"), CASES, ids=[f"{k}-{n}-{i}" for i, (k, n, _, _) in
-                                                                           enumerate(CASES)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "name", "type_", "value"), CASES, ids=[f"{k}-{n}-{i}" for i, (k, n, _, _) in enumerate(CASES)]
+)
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
 def test_every_wrong_value_is_refused_naming_the_variable(kind: str, name: str, type_: str, value: Any, gpu: bool):
     base, groups = (GPU, GPU_GROUPS) if gpu else (CPU, GROUPS)

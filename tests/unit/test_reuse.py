@@ -62,8 +62,10 @@ class Fake:
                         body = f"master_key_count {len(fake.store)}\n"
                     else:
                         c = fake.counters.get(idx, {"local": 0.0, "ext": 0.0})
-                        body = (f"vllm:prefix_cache_hits_total {c['local']}\n"
-                                f"vllm:external_prefix_cache_hits_total {c['ext']}\n")  # fmt: skip
+                        body = (
+                            f"vllm:prefix_cache_hits_total {c['local']}\n"
+                            f"vllm:external_prefix_cache_hits_total {c['ext']}\n"
+                        )
                     self.send_response(200)
                     self.end_headers()
                     self.wfile.write(body.encode())
@@ -110,8 +112,14 @@ def fake():
 
 
 def _ep(urls: list[str]) -> smoke.Endpoints:
-    return smoke.Endpoints(router="http://127.0.0.1:9", prefill=[urls[0]], decode=[], model="m",
-                           store_pair=(urls[0], urls[1]), store_metrics=urls[2] + "/metrics")  # fmt: skip
+    return smoke.Endpoints(
+        router="http://127.0.0.1:9",
+        prefill=[urls[0]],
+        decode=[],
+        model="m",
+        store_pair=(urls[0], urls[1]),
+        store_metrics=urls[2] + "/metrics",
+    )
 
 
 def test_the_store_proof_passes_when_the_other_instance_loads_the_prompt(fake):
@@ -130,8 +138,14 @@ def test_the_store_proof_fails_when_the_prompt_is_computed_again(fake):
 
 
 def test_the_store_proof_reports_an_unreachable_instance():
-    ep = smoke.Endpoints(router="http://127.0.0.1:9", prefill=[], decode=[], model="m",
-                         store_pair=("http://127.0.0.1:9", "http://127.0.0.1:9"), store_metrics="http://127.0.0.1:9")
+    ep = smoke.Endpoints(
+        router="http://127.0.0.1:9",
+        prefill=[],
+        decode=[],
+        model="m",
+        store_pair=("http://127.0.0.1:9", "http://127.0.0.1:9"),
+        store_metrics="http://127.0.0.1:9",
+    )
     proof, _ = smoke.reuse_proof(ep, timeout=2, wait_s=0.1)
     assert not proof.ok and "Error" in proof.evidence
 
@@ -141,7 +155,7 @@ def test_shared_prompts_keep_the_share_of_the_base_and_are_fresh_elsewhere():
     assert base == reuse.words("base", 100) and base != reuse.words("other", 100)  # deterministic, seeded
     for share in reuse.SHARES:
         p = reuse.shared_prompt(base, share, f"rest{share}").split()
-        assert len(p) == 100 and p[: share] == base[: share]
+        assert len(p) == 100 and p[:share] == base[:share]
         assert share == 100 or p[share] != base[share]
 
 

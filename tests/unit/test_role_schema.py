@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from pdinfra.cluster import schema
-from pdinfra.cluster.resolve_roles import _rule_problem, _unit_problem
+from pdinfra.cluster.resolve_roles import rule_problem, unit_problem
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_FACTS = re.compile(r"\bpdinfra_(cluster|node|secrets)\b")
@@ -35,9 +35,13 @@ def test_every_role_variable_in_defaults_is_in_the_schema():
         rv = schema.role_var(name)
         if rv is None:
             missing.append(f"{role}: {name} is not in roles/{role}/meta/argument_specs.yml")
-        elif not (name in schema.ROLE_RULES or name in schema.DERIVED_ROLE_VARS
-                  or name in schema.OVERRIDABLE_MODEL_DEFAULTS or rv.spec.get("choices")
-                  or rv.type in SELF_DESCRIBED):  # fmt: skip
+        elif not (
+            name in schema.ROLE_RULES
+            or name in schema.DERIVED_ROLE_VARS
+            or name in schema.OVERRIDABLE_MODEL_DEFAULTS
+            or rv.spec.get("choices")
+            or rv.type in SELF_DESCRIBED
+        ):
             missing.append(f"{role}: {name} ({rv.type}) has no unit, range or format in schema.ROLE_RULES")
     assert not missing, "\n".join(missing)
 
@@ -62,7 +66,7 @@ def test_every_default_passes_its_own_rule():
     for name, (_, default) in _defaults().items():
         if name not in schema.ROLE_RULES or (isinstance(default, str) and "{{" in default):
             continue
-        why = _unit_problem(name, default) or _rule_problem(name, default, default)
+        why = unit_problem(name, default) or rule_problem(name, default, default)
         if why:
             bad.append(f"{name}: default {default!r}: {why}")
     assert not bad, "\n".join(bad)

@@ -34,15 +34,27 @@ def test_the_reuse_tier_joins_nixl_and_the_mooncake_store_in_one_multiconnector(
     unit = (rendered_store / "hgx-h100-01-prefill0.service").read_text()
     kv = json.loads(unit.split("--kv-transfer-config '")[1].split("'")[0])
     assert kv == {
-        "kv_connector": "MultiConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cuda",
         "kv_load_failure_policy": "recompute",  # the tier's default: a store that is down must not fail requests
-        "kv_connector_extra_config": {"connectors": [
-            {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
-             "kv_connector_extra_config": {"kv_lease_duration": 120}},
-            {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
-             "kv_connector_extra_config": {"lookup_async": True}},
-        ]},
-    }  # fmt: skip
+        "kv_connector_extra_config": {
+            "connectors": [
+                {
+                    "kv_connector": "NixlConnector",
+                    "kv_role": "kv_producer",
+                    "kv_buffer_device": "cuda",
+                    "kv_connector_extra_config": {"kv_lease_duration": 120},
+                },
+                {
+                    "kv_connector": "MooncakeStoreConnector",
+                    "kv_role": "kv_producer",
+                    "kv_buffer_device": "cuda",
+                    "kv_connector_extra_config": {"lookup_async": True},
+                },
+            ]
+        },
+    }
     env = (rendered_store / "hgx-h100-01-prefill1.env").read_text()
     assert "MOONCAKE_CONFIG_PATH=/etc/pdinfra/instances/prefill1.kv-store.json" in env
     assert "VLLM_HOST_IP=198.18.0.11" in env and "MC_TCP_BIND_ADDRESS=198.18.0.11" in env
@@ -54,9 +66,14 @@ def test_the_reuse_tier_joins_nixl_and_the_mooncake_store_in_one_multiconnector(
     assert "ooncake" not in (rendered_store / "hgx-h100-02-decode1.env").read_text()
     assert not (rendered_store / "hgx-h100-02-decode1.kv-store.json").exists()
     store = json.loads((rendered_store / "hgx-h100-01-prefill1.kv-store.json").read_text())
-    assert store == {"metadata_server": "P2PHANDSHAKE", "master_server_address": "198.18.0.11:50051",
-                     "protocol": "rdma", "device_name": "", "global_segment_size": 16384 << 20,
-                     "local_buffer_size": 4096 << 20}  # fmt: skip
+    assert store == {
+        "metadata_server": "P2PHANDSHAKE",
+        "master_server_address": "198.18.0.11:50051",
+        "protocol": "rdma",
+        "device_name": "",
+        "global_segment_size": 16384 << 20,
+        "local_buffer_size": 4096 << 20,
+    }
     master = (rendered_store / "hgx-h100-01-kv-store.service").read_text()
     assert "--rpc_address=198.18.0.11 --rpc_port=50051" in master
     assert "--metrics_host=198.18.0.11 --metrics_port=9003" in master
@@ -74,8 +91,12 @@ def test_mooncake_pd_connector_renders_for_the_hgx_example(tmp_path_factory):
     out = render(tmp_path_factory, INV, '{"pdinfra_connector": "mooncake"}')
     for name, role in (("hgx-h100-01-prefill0", "kv_producer"), ("hgx-h100-02-decode1", "kv_consumer")):
         assert _kv((out / f"{name}.service").read_text()) == {
-            "kv_connector": "MooncakeConnector", "kv_role": role, "kv_buffer_device": "cuda",
-            "kv_load_failure_policy": "fail", "kv_connector_extra_config": {"mooncake_protocol": "rdma"}}, name
+            "kv_connector": "MooncakeConnector",
+            "kv_role": role,
+            "kv_buffer_device": "cuda",
+            "kv_load_failure_policy": "fail",
+            "kv_connector_extra_config": {"mooncake_protocol": "rdma"},
+        }, name
     prefill_env = (out / "hgx-h100-01-prefill0.env").read_text()
     assert "VLLM_MOONCAKE_BOOTSTRAP_PORT=5600" in prefill_env
     assert "VLLM_HOST_IP=198.18.0.11" in prefill_env and "MC_TCP_BIND_ADDRESS=198.18.0.11" in prefill_env
@@ -108,19 +129,30 @@ def test_lmcache_pd_renders_for_the_hgx_example(rendered_lmcache):
     out = rendered_lmcache
     p = _kv((out / "hgx-h100-01-prefill0.service").read_text())
     d = _kv((out / "hgx-h100-02-decode1.service").read_text())
-    assert p == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
-                 "kv_load_failure_policy": "fail",
-                 "kv_connector_extra_config": {"discard_partial_chunks": False, "lmcache_rpc_port": "prefill0"}}
-    assert d["kv_connector_extra_config"] == {"discard_partial_chunks": False, "lmcache_rpc_port": "decode1",
-                                              "skip_last_n_tokens": 1}  # fmt: skip
+    assert p == {
+        "kv_connector": "LMCacheConnectorV1",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cuda",
+        "kv_load_failure_policy": "fail",
+        "kv_connector_extra_config": {"discard_partial_chunks": False, "lmcache_rpc_port": "prefill0"},
+    }
+    assert d["kv_connector_extra_config"] == {
+        "discard_partial_chunks": False,
+        "lmcache_rpc_port": "decode1",
+        "skip_last_n_tokens": 1,
+    }
     env = (out / "hgx-h100-02-decode1.env").read_text()
     assert "LMCACHE_CONFIG_FILE=/etc/pdinfra/instances/decode1.lmcache.yaml" in env and "PYTHONHASHSEED=0" in env
     proxy = json.loads((out / "hgx-h100-01-lmcache-proxy.json").read_text())
     assert proxy["notify_host"] == "198.18.0.11" and proxy["notify_port"] == 7500 and proxy["host"] == "127.0.0.1"
     # Prometheus's router job scrapes the proxy where it scrapes vllm-router.
     assert (proxy["metrics_host"], proxy["metrics_port"]) == ("198.18.0.11", 29000)
-    assert proxy["decode"][1] == {"url": "http://198.18.0.12:8201", "host": "198.18.0.12",
-                                  "init_ports": [5610, 5611, 5612, 5613], "alloc_ports": [5614, 5615, 5616, 5617]}
+    assert proxy["decode"][1] == {
+        "url": "http://198.18.0.12:8201",
+        "host": "198.18.0.12",
+        "init_ports": [5610, 5611, 5612, 5613],
+        "alloc_ports": [5614, 5615, 5616, 5617],
+    }
     router = (out / "hgx-h100-01-router.service").read_text()
     assert "-m pdinfra.serving.lmcache_proxy --config /etc/pdinfra/lmcache-proxy.json" in router
     assert "vllm-router" not in router.split("ExecStart=")[1].split("\n")[0]
@@ -145,9 +177,13 @@ def test_aggregated_instances_use_the_store_alone(tmp_path_factory):
     for name in ("node1-prefill0", "node1-decode1", "node2-prefill1"):  # under agg every instance joins
         unit = (out / f"{name}.service").read_text()
         kv = json.loads(unit.split("--kv-transfer-config '")[1].split("'")[0])
-        assert kv == {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
-                      "kv_load_failure_policy": "recompute",
-                      "kv_connector_extra_config": {"lookup_async": True}}, name  # fmt: skip
+        assert kv == {
+            "kv_connector": "MooncakeStoreConnector",
+            "kv_role": "kv_both",
+            "kv_buffer_device": "cpu",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"lookup_async": True},
+        }, name
     store = json.loads((out / "node2-prefill1.kv-store.json").read_text())
     assert store["protocol"] == "tcp" and store["global_segment_size"] == 256 << 20
 
@@ -158,9 +194,13 @@ def test_prefill_unit_on_gpus_0_to_3_with_tp4_and_nixl_on_cuda(rendered):
     assert "-O0" not in unit  # torch.compile stays on for GPUs
     assert "--model /opt/pdinfra/models/gpt-oss-120b" in unit and "--served-model-name gpt-oss-120b" in unit
     kv = json.loads(unit.split("--kv-transfer-config '")[1].split("'")[0])
-    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cuda",
-                  "kv_load_failure_policy": "fail",
-                  "kv_connector_extra_config": {"kv_lease_duration": 120}}  # fmt: skip
+    assert kv == {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cuda",
+        "kv_load_failure_policy": "fail",
+        "kv_connector_extra_config": {"kv_lease_duration": 120},
+    }
     assert "EnvironmentFile=-/etc/pdinfra/ucx.env" in unit
     assert "ucx-gpu" not in unit  # TP 4: the host-wide UCX file lists every rail
 
@@ -238,8 +278,14 @@ def lmcache_python() -> list[str]:
     controller's pip fetches the cp311 wheels into out/ (no venv module needed), cached between runs."""
     import shutil
 
-    py311 = next((p for p in (shutil.which("python3.11"), shutil.which("python3")) if p and subprocess.run(
-        [p, "-c", "import sys; sys.exit(sys.version_info[:2] != (3, 11))"]).returncode == 0), None)  # fmt: skip
+    py311 = next(
+        (
+            p
+            for p in (shutil.which("python3.11"), shutil.which("python3"))
+            if p and subprocess.run([p, "-c", "import sys; sys.exit(sys.version_info[:2] != (3, 11))"]).returncode == 0
+        ),
+        None,
+    )
     if py311 is None:
         pytest.fail("a Python 3.11 interpreter is needed for LMCache's loader (the lmcache 0.5.6 wheel is cp311 only)")
     target = REPO / "out" / "lmcache-loader"

@@ -80,8 +80,12 @@ def test_missing_model_path_on_the_controller(inventory, tmp_path):
 def test_check_config_command_names_the_file(inventory):
     hv = inventory / "host_vars" / "node1.yml"
     hv.write_text(hv.read_text().replace("side_channel_port: 5600", "side_channel_port: 8100"))
-    res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(inventory / "hosts.yml")],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [str(BIN / "pdinfra"), "check-config", "-i", str(inventory / "hosts.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 1
     assert str(inventory / "hosts.yml") in res.stderr and "side_channel_port" in res.stderr, res.stderr
 
@@ -91,16 +95,21 @@ def test_example_inventories_pass_the_config_check():
     invs = sorted(REPO.glob("inventory/**/hosts.yml"))
     assert REPO / "inventory" / "examples" / "hgx-h100" / "hosts.yml" in invs and len(invs) >= 7, invs
     for inv in invs:
-        res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(inv)],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        res = subprocess.run(
+            [str(BIN / "pdinfra"), "check-config", "-i", str(inv)], capture_output=True, text=True, timeout=120
+        )
         assert res.returncode == 0, (inv, res.stderr)
 
 
 def test_malformed_yaml_points_at_file_line_and_column(inventory):
     hv = inventory / "host_vars" / "node2.yml"
     hv.write_text(hv.read_text().replace("    port: 8200\n", "    port: 8200\n   bad_indent: [\n"))
-    res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(inventory / "hosts.yml")],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [str(BIN / "pdinfra"), "check-config", "-i", str(inventory / "hosts.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2, res.stderr
     assert f"{hv}:" in res.stderr and "YAML error" in res.stderr, res.stderr
     assert re.search(re.escape(str(hv)) + r":\d+:\d+: YAML error", res.stderr), res.stderr
@@ -111,8 +120,9 @@ def test_malformed_yaml_points_at_file_line_and_column(inventory):
 def test_malformed_hosts_file_is_not_an_empty_inventory(inventory):
     hosts = inventory / "hosts.yml"
     hosts.write_text(hosts.read_text().replace("    node1:\n      ansible_host", "    node1:\n     ansible_host", 1))
-    res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(hosts)],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [str(BIN / "pdinfra"), "check-config", "-i", str(hosts)], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 2 and f"{hosts}:" in res.stderr and "no hosts in group" not in res.stderr, res.stderr
     out = site(inventory)
     assert out.rc != 0 and any("hosts.yml" in f.msg for f in out.failures), out.summary()
@@ -123,13 +133,19 @@ def test_check_config_and_site_give_the_same_answer(inventory):
     """Two mistakes, one in host_vars and one templated from another variable: both paths name both."""
     hv = inventory / "host_vars" / "node1.yml"
     hv.write_text(hv.read_text().replace("port: 8100", "port: 80000") + 'rdma_roce_mtu: "{{ 9000 + 2000 }}"\n')
-    cli = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", str(inventory / "hosts.yml")],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    cli = subprocess.run(
+        [str(BIN / "pdinfra"), "check-config", "-i", str(inventory / "hosts.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cli.returncode == 1, cli.stderr
     play = site(inventory)
     assert_stopped_before_hosts(play, "pdinfra_instances[0].port: must be a port number in 1..65535, not 80000")
-    for needle in ("host node1: pdinfra_instances[0].port: must be a port number in 1..65535, not 80000",
-                   "host node1: rdma_roce_mtu: must be in 1280..9216, not 11000"):  # fmt: skip
+    for needle in (
+        "host node1: pdinfra_instances[0].port: must be a port number in 1..65535, not 80000",
+        "host node1: rdma_roce_mtu: must be in 1280..9216, not 11000",
+    ):
         assert needle in cli.stderr.replace("\n", " ") or needle in cli.stderr, cli.stderr
         assert needle in play.failures[0].msg, play.summary()
 
@@ -140,8 +156,9 @@ def test_recorded_check_config_run_in_the_docs_is_still_what_it_prints():
     block = rec.split("```\n", 2)[1].split("```")[0].splitlines()
     expected = [line for line in block[1:] if not line.startswith("rc=")]
     inv = "tests/fixtures/inventories/hgx-mistakes/hosts.yml"
-    res = subprocess.run([str(BIN / "pdinfra"), "check-config", "-i", inv],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    res = subprocess.run(
+        [str(BIN / "pdinfra"), "check-config", "-i", inv], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert res.returncode == 1 and res.stderr.splitlines() == expected, res.stderr
     readme = (REPO / "README.md").read_text()
     assert "\n".join(expected) in readme

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdinfra.serving import smoke
+from pdinfra.serving import client, smoke
 
 BEFORE = """# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration for NIXL KV Cache transfers.
 vllm:nixl_xfer_time_seconds_count{engine="0",model_name="pdinfra-tiny-llama"} 3.0
@@ -11,33 +11,38 @@ vllm:nixl_num_failed_transfers_total{engine="0",model_name="pdinfra-tiny-llama"}
 vllm:prompt_tokens_by_source_total{engine="0",model_name="pdinfra-tiny-llama",source="external_kv_transfer"} 66.0
 vllm:prompt_tokens_by_source_total{engine="0",model_name="pdinfra-tiny-llama",source="local_compute"} 0.0
 """
-AFTER = BEFORE.replace("_count{engine=\"0\",model_name=\"pdinfra-tiny-llama\"} 3.0",
-                       "_count{engine=\"0\",model_name=\"pdinfra-tiny-llama\"} 5.0").replace(
-    "196608.0", "327680.0").replace("} 66.0", "} 110.0")  # fmt: skip
+AFTER = (
+    BEFORE.replace(
+        '_count{engine="0",model_name="pdinfra-tiny-llama"} 3.0',
+        '_count{engine="0",model_name="pdinfra-tiny-llama"} 5.0',
+    )
+    .replace("196608.0", "327680.0")
+    .replace("} 66.0", "} 110.0")
+)
 
 
 def test_parse_metrics_sums_labels():
-    m = smoke.parse_metrics(BEFORE)
+    m = client.parse_metrics(BEFORE)
     assert m["vllm:nixl_xfer_time_seconds_count"] == 3.0
-    assert smoke.labelled(m, smoke.PROMPT_BY_SOURCE, 'source="external_kv_transfer"') == 66.0
+    assert client.labelled(m, smoke.PROMPT_BY_SOURCE, 'source="external_kv_transfer"') == 66.0
 
 
 def test_kv_proof_passes_when_transfers_and_bytes_grew():
-    p = smoke.kv_proof(smoke.parse_metrics(BEFORE), smoke.parse_metrics(AFTER))
+    p = smoke.kv_proof(client.parse_metrics(BEFORE), client.parse_metrics(AFTER))
     assert p.ok and "+2 NIXL transfers, +131072 bytes, +0 failed, +44 prompt tokens" in p.evidence
 
 
 def test_kv_proof_fails_without_transfers_or_with_failures():
-    same = smoke.parse_metrics(BEFORE)
+    same = client.parse_metrics(BEFORE)
     assert not smoke.kv_proof(same, same).ok
-    failed = smoke.parse_metrics(
+    failed = client.parse_metrics(
         AFTER.replace(
             '_total{engine="0",model_name="pdinfra-tiny-llama"} 0.0',
             '_total{engine="0",model_name="pdinfra-tiny-llama"} 1.0',
             1,
         )
     )
-    assert not smoke.kv_proof(smoke.parse_metrics(BEFORE), failed).ok
+    assert not smoke.kv_proof(client.parse_metrics(BEFORE), failed).ok
 
 
 def test_endpoints_come_from_the_resolved_cluster():
@@ -60,8 +65,9 @@ def test_endpoints_come_from_the_resolved_cluster():
 
 
 def test_smoke_against_nothing_fails_with_evidence_not_a_traceback():
-    ep = smoke.Endpoints(router="http://127.0.0.1:9", prefill=["http://127.0.0.1:9"], decode=["http://127.0.0.1:9"],
-                         model="m")  # fmt: skip
+    ep = smoke.Endpoints(
+        router="http://127.0.0.1:9", prefill=["http://127.0.0.1:9"], decode=["http://127.0.0.1:9"], model="m"
+    )
     res = smoke.run(ep, timeout=2)
     assert not res.ok and res.proofs[0].name == "decode instances answer /metrics"
     assert "Connection refused" in res.proofs[0].evidence or "URLError" in res.proofs[0].evidence
@@ -83,7 +89,7 @@ def test_vllm_bench_reads_the_client_key_from_the_router_nodes_env_file(tmp_path
 
 
 def test_only_length_and_stop_are_finished_answers():
-    assert smoke.not_finished({"choices": [{"text": "x", "finish_reason": "length"}]}) is None
-    assert smoke.not_finished({"choices": [{"text": "x", "finish_reason": "stop"}]}) is None
-    assert smoke.not_finished({"choices": [{"text": "x", "finish_reason": "abort"}]}) == "abort"
-    assert smoke.not_finished({"choices": []}) == "None"  # no choice: not an answer
+    assert client.not_finished({"choices": [{"text": "x", "finish_reason": "length"}]}) is None
+    assert client.not_finished({"choices": [{"text": "x", "finish_reason": "stop"}]}) is None
+    assert client.not_finished({"choices": [{"text": "x", "finish_reason": "abort"}]}) == "abort"
+    assert client.not_finished({"choices": []}) == "None"  # no choice: not an answer

@@ -58,9 +58,9 @@ def test_parse_h200_logs():
 def test_native_error_line(tmp_path):
     log = tmp_path / "x.log"
     log.write_text(_h200_logs()["VRAM0-_VRAM1_thr0_UCX_TLS_tcp_sm_self"])
-    from pdinfra.transfer.session import _native_errors
+    from pdinfra.transfer.session import native_errors
 
-    msg = _native_errors(log)
+    msg = native_errors(log)
     assert msg.startswith("config.cpp:84] Invalid UCX_TLS=tcp,sm,self") and "cuda_copy" in msg
 
 
@@ -151,15 +151,23 @@ def test_bandwidth_bound_requests_far_below_the_copy_fail():
     """1 GiB over NVLink at 4 GB/s while a plain copy did 392 GB/s in the same run: a fail, with a remedy."""
     crawl = T.finish_result(_res(gbps=4.0), 392.0, 478.0, True)
     assert crawl.verdict == "fail" and "1% of a raw copy (< 25%)" in crawl.reason and crawl.remedy
-    kv = T.finish_result(_res(descs=9216, desc_bytes=65536, bytes_per_xfer=9216 * 65536, layout="contig", gbps=50.0,
-                              latency_s=0.012), 392.0, 478.0, True)  # fmt: skip
+    kv = T.finish_result(
+        _res(descs=9216, desc_bytes=65536, bytes_per_xfer=9216 * 65536, layout="contig", gbps=50.0, latency_s=0.012),
+        392.0,
+        478.0,
+        True,
+    )
     assert kv.verdict == "fail"  # adjacent prepped KV blocks are bandwidth-bound too
     no_copy = T.finish_result(_res(gbps=40.0), None, 478.0, True)
     assert no_copy.verdict == "fail" and "of the link limit" in no_copy.reason
     small = T.finish_result(_res(bytes_per_xfer=65536, desc_bytes=65536, gbps=4.0), 392.0, 478.0, True)
     assert small.verdict == "pass"  # 64 KiB is latency-bound: not judged on bandwidth
-    scattered = T.finish_result(_res(descs=36864, desc_bytes=16384, bytes_per_xfer=603979776, gbps=3.6,
-                                     latency_s=0.1668, layout="scatter"), 392.0, 478.0, True)  # fmt: skip
+    scattered = T.finish_result(
+        _res(descs=36864, desc_bytes=16384, bytes_per_xfer=603979776, gbps=3.6, latency_s=0.1668, layout="scatter"),
+        392.0,
+        478.0,
+        True,
+    )
     assert scattered.verdict == "warn"  # descriptor-bound: the layout's cost, reported not failed
 
 
@@ -260,7 +268,7 @@ def test_plans_and_layouts():
     # one region per layer of 512 blocks (K and V together), the regions one slot apart (as in vLLM's cache);
     # layer 0 slides (window 128): only its last 9 blocks move
     assert blen == 32768 and len(contig) == len(scatter) == 18 * 512 + 18 * 9 == 9378
-    assert contig[:9] == list(range(503, 512)) and contig[9:9 + 512] == list(range(513, 513 + 512))
+    assert contig[:9] == list(range(503, 512)) and contig[9 : 9 + 512] == list(range(513, 513 + 512))
     assert all(b - a >= 2 for a, b in zip(scatter, scatter[1:], strict=False))  # nothing adjacent to merge
     _, traced = T.kv_slots(shape, 64, 16, 1, "trace", [False, True, False])
     # blocks 0-1 and 2-3 adjacent, a break between them, in each layer's region
@@ -294,9 +302,9 @@ def test_plans_and_layouts():
 
 
 def test_checksum_catches_misplaced_blocks():
-    from pdinfra.transfer.worker import _Buffer
+    from pdinfra.transfer.worker import Buffer
 
-    buf = _Buffer(T.Endpoint("DRAM"), 64 * 4096)
+    buf = Buffer(T.Endpoint("DRAM"), 64 * 4096)
     buf.fill(7)
     slots = [0, 2, 4, 6]
     good = buf.checksum(slots, 4096)
@@ -444,8 +452,9 @@ def test_peer_session_speaks_to_a_target_started_by_a_command():
     from pdinfra.host.facts import gather
     from pdinfra.transfer import checks as TC
 
-    results, report = TC.run_peer(gather("/"), "local", command=f"{sys.executable} -m pdinfra transfer-target",
-                                  iters=2, link_gbps=1.25)  # fmt: skip
+    results, report = TC.run_peer(
+        gather("/"), "local", command=f"{sys.executable} -m pdinfra transfer-target", iters=2, link_gbps=1.25
+    )
     assert report["session"]["error"] == "" and len(results) == 10, report["session"]
     assert all(r.id.startswith("transfer.node-node ") and "GB/s" in r.evidence for r in results), results
     assert not [r for r in results if r.verdict == "fail"], results
@@ -458,8 +467,9 @@ def test_peer_session_with_a_broken_command_fails_with_the_reason():
     from pdinfra.host.facts import gather
     from pdinfra.transfer import checks as TC
 
-    results, report = TC.run_peer(gather("/"), "nowhere", command=f"{sys.executable} -c 'raise SystemExit(3)'",
-                                  iters=1, link_gbps=1.25)  # fmt: skip
+    results, report = TC.run_peer(
+        gather("/"), "nowhere", command=f"{sys.executable} -c 'raise SystemExit(3)'", iters=1, link_gbps=1.25
+    )
     assert results and all(r.verdict == "fail" for r in results)
     assert "target exited with code 3" in report["session"]["error"] or "peer closed" in report["session"]["error"]
 

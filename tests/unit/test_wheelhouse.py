@@ -16,8 +16,11 @@ TASKS = paths.REPO / "roles" / "pd_runtime" / "tasks" / "main.yml"
 def _role_install(profile: str, connector: str) -> list[str]:
     """The role's own ``__pd_runtime_install`` expression, rendered with its defaults (Jinja, as Ansible would)."""
     tasks = yaml.safe_load(TASKS.read_text())
-    expr = next(t["ansible.builtin.set_fact"]["__pd_runtime_install"] for t in tasks
-                if "__pd_runtime_install" in (t.get("ansible.builtin.set_fact") or {}))  # fmt: skip
+    expr = next(
+        t["ansible.builtin.set_fact"]["__pd_runtime_install"]
+        for t in tasks
+        if "__pd_runtime_install" in (t.get("ansible.builtin.set_fact") or {})
+    )
     defaults = yaml.safe_load(wh.ROLE_DEFAULTS.read_text())
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters["bool"] = bool

@@ -6,38 +6,14 @@ generated from it (``python -m pdinfra.host.docs --write``).
 
 The package: :mod:`~pdinfra.host.checks.registry` (verdicts, the ``@check`` decorator, running the catalog),
 :mod:`~pdinfra.host.checks.common` (helpers over facts), then one module per topic. Each topic module registers its
-checks when it is imported, so the import order below is the catalog's order (the order ``pdinfra validate``
-reports in): keep it. The public names are re-exported here: import from ``pdinfra.host.checks``.
+checks when it is imported; the catalog's order is ``registry.TOPICS`` (then each module's source order), whatever
+the import order. The package's public names are here: import them from ``pdinfra.host.checks``.
 """
 
 from __future__ import annotations
 
 from pdinfra.cluster.expect import Expect, RdmaExpect, normalise_nvlink_version
-from pdinfra.host.checks.registry import (
-    CATALOG,
-    FAIL,
-    LAYERS,
-    NA,
-    PASS,
-    VERDICTS,
-    WARN,
-    Check,
-    CheckResult,
-    Facts,
-    Outcome,
-    check,
-    fail,
-    failed,
-    na,
-    ok,
-    run_checks,
-    warn,
-)
-from pdinfra.host.checks.registry import _run_one as _run_one  # a test runs one check through it
-
-# isort: off
-# The catalog's order: os, driver, gpu, gpu health, pcie, rdma (ending with gpu.gpudirect_rdma), ucx, serving.
-from pdinfra.host.checks.kernel import iommu, kernel_dmabuf_config, kernel_version, secure_boot
+from pdinfra.host.checks.cross_host import FLEET_CHECKS, FLEET_FUNCTIONS, run_fleet_checks
 from pdinfra.host.checks.gpu import (
     MIN_CUDA_DRIVER,
     cuda_version,
@@ -70,6 +46,7 @@ from pdinfra.host.checks.gpu_health import (
     gpu_xid,
     nvswitch_sxid,
 )
+from pdinfra.host.checks.kernel import iommu, kernel_dmabuf_config, kernel_version, secure_boot
 from pdinfra.host.checks.pcie_errors import pcie_aer
 from pdinfra.host.checks.rdma import (
     IB_MTUS,
@@ -84,12 +61,26 @@ from pdinfra.host.checks.rdma import (
     roce_mtu,
     roce_v2_gid,
 )
-from pdinfra.host.checks.ucx import (
-    UCX_TLS_ALIASES,
-    required_transports,
-    ucx_env,
-    ucx_tls_allows,
-    ucx_transports,
+from pdinfra.host.checks.registry import (
+    CATALOG,
+    FAIL,
+    LAYERS,
+    NA,
+    PASS,
+    VERDICTS,
+    WARN,
+    Check,
+    CheckResult,
+    Facts,
+    Outcome,
+    check,
+    fail,
+    failed,
+    na,
+    ok,
+    run_checks,
+    run_one,
+    warn,
 )
 from pdinfra.host.checks.serving import (
     LOCAL_HOSTS,
@@ -101,14 +92,19 @@ from pdinfra.host.checks.serving import (
     serving_health,
     serving_toolchain,
 )
-from pdinfra.host.checks.fleet import FLEET_CHECKS, FLEET_FUNCTIONS, run_fleet_checks
-
-# isort: on
+from pdinfra.host.checks.ucx import (
+    UCX_TLS_ALIASES,
+    required_transports,
+    ucx_env,
+    ucx_tls_allows,
+    ucx_transports,
+)
 
 __all__ = [
     # the machinery
     "CATALOG", "FAIL", "LAYERS", "NA", "PASS", "VERDICTS", "WARN", "Check", "CheckResult", "Facts", "Outcome",
-    "check", "fail", "failed", "na", "ok", "run_checks", "warn", "FLEET_CHECKS", "FLEET_FUNCTIONS", "run_fleet_checks",
+    "check", "fail", "failed", "na", "ok", "run_checks", "run_one", "warn", "FLEET_CHECKS", "FLEET_FUNCTIONS",
+    "run_fleet_checks",
     # the expectations (pdinfra.cluster.expect)
     "Expect", "RdmaExpect", "normalise_nvlink_version",
     # constants and helpers of the topic modules

@@ -10,19 +10,19 @@ from pdinfra.host.checks.registry import Facts
 from pdinfra.host.facts import parse_version_tuple
 
 
-def _kernel_ok(facts: Facts, expect: Expect) -> bool | None:
+def kernel_ok(facts: Facts, expect: Expect) -> bool | None:
     version = (facts.get("kernel") or {}).get("version")
     if not version:
         return None
     return tuple(version) >= tuple(parse_version_tuple(expect.min_kernel) or (0, 0, 0))
 
 
-def _config(facts: Facts) -> tuple[str | None, str | None]:
+def kernel_config(facts: Facts) -> tuple[str | None, str | None]:
     kernel = facts.get("kernel") or {}
     return (kernel.get("config") or {}).get("CONFIG_DMA_SHARED_BUFFER"), kernel.get("config_source")
 
 
-def _ports_for(facts: Facts, netdev: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def ports_for(facts: Facts, netdev: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     found = []
     for dev in (facts.get("rdma") or {}).get("devices") or []:
         for port in dev.get("ports") or []:
@@ -31,16 +31,16 @@ def _ports_for(facts: Facts, netdev: str) -> list[tuple[dict[str, Any], dict[str
     return found
 
 
-def _rail_nics(facts: Facts, expect: Expect) -> set[str]:
+def rail_nics(facts: Facts, expect: Expect) -> set[str]:
     """The RDMA devices (``mlx5_3``) behind the declared rails' netdevs."""
-    return {dev["name"] for w in expect.rdma for dev, _ in _ports_for(facts, w.netdev)}
+    return {dev["name"] for w in expect.rdma for dev, _ in ports_for(facts, w.netdev)}
 
 
-def _join(items: Iterable[str], limit: int = 6) -> str:
+def join_items(items: Iterable[str], limit: int = 6) -> str:
     items = list(items)
     more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
     return "; ".join(items[:limit]) + more
 
 
-def _gpu_name(d: dict[str, Any]) -> str:
+def gpu_name(d: dict[str, Any]) -> str:
     return f"GPU{d.get('index')} {d.get('bus_id') or '?'}"

@@ -7,15 +7,15 @@ The health counters of the same GPUs (ECC, row remapping, clocks, NVLink errors,
 from __future__ import annotations
 
 from pdinfra.cluster.expect import Expect
-from pdinfra.host.checks.common import _config, _join, _kernel_ok
-from pdinfra.host.checks.registry import PASS, Facts, Outcome, _devices, _gpus, check, fail, na, ok, warn
+from pdinfra.host.checks.common import join_items, kernel_config, kernel_ok
+from pdinfra.host.checks.registry import PASS, Facts, Outcome, check, devices_of, fail, gpus_of, na, ok, warn
 from pdinfra.host.facts import NVLINK_VERSION_NAMES
 
 
 def _has_fabric(facts: Facts, expect: Expect) -> bool:
     if expect.fabric:
         return True
-    return any((d.get("fabric") or {}).get("state") not in (None, "Not Supported") for d in _devices(facts))
+    return any((d.get("fabric") or {}).get("state") not in (None, "Not Supported") for d in devices_of(facts))
 
 
 # --------------------------------------------------------------------------- driver layer
@@ -59,7 +59,7 @@ def driver_version(facts: Facts, expect: Expect) -> Outcome:
     if not expect.gpu:
         return na("CPU-role host")
     module = (facts.get("nvidia_driver") or {}).get("version")
-    library = _gpus(facts).get("driver_version")
+    library = gpus_of(facts).get("driver_version")
     if module and library and module != library:
         return fail(
             f"kernel module {module} but NVML library {library}",
@@ -110,7 +110,7 @@ def persistence_mode(facts: Facts, expect: Expect) -> Outcome:
     """
     if not expect.gpu:
         return na("CPU-role host")
-    devices = _devices(facts)
+    devices = devices_of(facts)
     if not devices:
         return na("no GPUs to inspect (see gpu.count)")
     off = [str(d.get("index")) for d in devices if d.get("persistence_mode") is False]
@@ -141,7 +141,7 @@ def cuda_version(facts: Facts, expect: Expect) -> Outcome:
     """
     if not expect.gpu:
         return na("CPU-role host")
-    version = _gpus(facts).get("cuda_driver_version")
+    version = gpus_of(facts).get("cuda_driver_version")
     if version is None:
         return warn(
             "CUDA driver version not recorded (NVML not available)", "Install nvidia-ml-py and re-gather facts."
@@ -168,7 +168,7 @@ def peermem(facts: Facts, expect: Expect) -> Outcome:
     dmabuf = dmabuf_usable(facts, expect).verdict == PASS
     state = {True: "loaded", False: "not loaded", None: "unknown"}[loaded if not sysfs else True]
     evidence = f"nvidia_peermem {state}; dma-buf path {'usable' if dmabuf else 'not usable'}"
-    if state == "unknown" and not _devices(facts):
+    if state == "unknown" and not devices_of(facts):
         return warn(evidence + " (no module list or GPU facts recorded)", "Gather facts on the host itself.")
     if expect.rdma and not dmabuf and state != "loaded":
         return warn(
@@ -189,7 +189,7 @@ def gpu_count(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: find the missing GPU (`nvidia-smi -L`, `lspci -d 10de:`, Xid 79)
     """
-    gpus = _gpus(facts)
+    gpus = gpus_of(facts)
     if not expect.gpu:
         return na(f"CPU-role host ({'GPUs present' if gpus.get('present') else 'no GPU'})")
     if not gpus.get("present"):
@@ -199,7 +199,7 @@ def gpu_count(facts: Facts, expect: Expect) -> Outcome:
             "(fallen off the bus) in dmesg.",
         )
     count = int(gpus.get("count") or 0)
-    names = sorted({d.get("name", "?") for d in _devices(facts)})
+    names = sorted({d.get("name", "?") for d in devices_of(facts)})
     if expect.gpu_count is None or count == expect.gpu_count:
         return ok(f"{count} GPU(s): {', '.join(names)}")
     return fail(
@@ -226,11 +226,11 @@ def gpu_pci_count(facts: Facts, expect: Expect) -> Outcome:
         return warn(f"PCI devices not readable ({pci.get('reason', 'no pci facts')})", "Read /sys/bus/pci/devices.")
     found = list(pci.get("gpus") or [])
     unreadable = list(pci.get("unreadable") or [])
-    nvml = _gpus(facts)
-    detail = f"{len(found)} NVIDIA GPU function(s) on the PCI bus" + (f" [{_join(found, 8)}]" if found else "")
+    nvml = gpus_of(facts)
+    detail = f"{len(found)} NVIDIA GPU function(s) on the PCI bus" + (f" [{join_items(found, 8)}]" if found else "")
     if unreadable:
         return warn(
-            f"{detail}; vendor unreadable for {len(unreadable)} display/3D function(s) [{_join(unreadable, 4)}]",
+            f"{detail}; vendor unreadable for {len(unreadable)} display/3D function(s) [{join_items(unreadable, 4)}]",
             "Read /sys/bus/pci/devices/*/vendor on the host (a recorded tree may lack it).",
         )
     if not found:
@@ -244,9 +244,11 @@ def gpu_pci_count(facts: Facts, expect: Expect) -> Outcome:
     if expect.gpu_count is None:
         return ok(f"{detail} (no count declared)")
     if len(found) < expect.gpu_count:
-        return fail(f"{detail}, {expect.gpu_count} declared",
-                    "Find the missing GPU (`lspci -d 10de:`); reseat it or open a hardware ticket, or fix the "
-                    "hardware profile / pdinfra_expect.gpu_count.")  # fmt: skip
+        return fail(
+            f"{detail}, {expect.gpu_count} declared",
+            "Find the missing GPU (`lspci -d 10de:`); reseat it or open a hardware ticket, or fix the "
+            "hardware profile / pdinfra_expect.gpu_count.",
+        )
     if len(found) > expect.gpu_count:
         return warn(f"{detail}, only {expect.gpu_count} declared", "Declare the GPU count the host really has.")
     return ok(detail)
@@ -261,7 +263,7 @@ def nvlink(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: `nvidia-smi nvlink -s/-e`; power cycle; RMA
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     if not any(d.get("nvlinks") for d in devices) and expect.nvlinks_per_gpu is None:
         return na("no NVLinks reported and none declared (PCIe-only GPUs)")
     problems, summary = [], set()
@@ -279,7 +281,7 @@ def nvlink(facts: Facts, expect: Expect) -> Outcome:
             problems.append(f"GPU{d.get('index')}: NVLink {'/'.join(versions)}, expected {expect.nvlink_version}")
     if problems:
         return fail(
-            _join(problems),
+            join_items(problems),
             "Inspect with `nvidia-smi nvlink -s` and `nvidia-smi nvlink -e`; a link that stays down on HGX "
             "needs a full power cycle and, if it persists, a baseboard RMA.",
         )
@@ -295,17 +297,17 @@ def p2p(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: `nvidia-smi topo -p2p n`; fabric up; ACS off / `iommu=pt`
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     if not expect.gpu or len(devices) < 2:
         return na("fewer than two GPUs")
     key = "nvlink" if any(d.get("nvlinks") for d in devices) else "read"
-    pairs = _gpus(facts).get("p2p") or []
+    pairs = gpus_of(facts).get("p2p") or []
     wanted = len(devices) * (len(devices) - 1) // 2
     bad = [f"GPU{p['a']}-GPU{p['b']}: {p.get(key)}" for p in pairs if p.get(key) not in (None, "OK")]
     unknown = [p for p in pairs if p.get(key) is None]
     if bad:
         return fail(
-            _join(bad),
+            join_items(bad),
             "Check `nvidia-smi topo -p2p n`; P2P over NVLink needs the fabric up (gpu.fabric) and, over "
             "PCIe, "
             "ACS disabled on the switches and iommu=pt.",
@@ -323,7 +325,7 @@ def pcie(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: reseat GPU / riser
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     narrow, unknown, seen = [], [], set()
     for d in devices:
         p = d.get("pcie") or {}
@@ -335,14 +337,14 @@ def pcie(facts: Facts, expect: Expect) -> Outcome:
             narrow.append(f"GPU{d.get('index')} {d.get('bus_id')}: x{p['cur_width']} < x{p['max_width']}")
     if narrow:
         return fail(
-            _join(narrow),
+            join_items(narrow),
             "A GPU trained at reduced width: reseat it/its riser and check the slot; width (unlike "
             "generation) "
             "does not drop at idle.",
         )
     if unknown:
         return warn(f"PCIe link not recorded for GPU {', '.join(unknown)}", "Re-gather facts with NVML.")
-    return ok(_join(sorted(seen)) + "; generation can drop at idle and is not judged")
+    return ok(join_items(sorted(seen)) + "; generation can drop at idle and is not judged")
 
 
 @check("gpu.fabric", "NVSwitch fabric registered (Completed/Success)", "gpu", gpu_only=True)
@@ -353,7 +355,7 @@ def fabric(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: start nvidia-fabricmanager at the driver version
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     if not _has_fabric(facts, expect):
         return na("no NVSwitch fabric declared or reported")
     bad, unrecorded = [], []
@@ -370,7 +372,7 @@ def fabric(facts: Facts, expect: Expect) -> Outcome:
         )
     if bad:
         return fail(
-            _join(bad),
+            join_items(bad),
             "Start nvidia-fabricmanager at the driver's exact version (`systemctl enable --now "
             "nvidia-fabricmanager`) and read its log (/var/log/fabricmanager.log); CUDA reports 'system not "
             "yet initialized' until the fabric completes.",
@@ -390,8 +392,8 @@ def fabric_manager(facts: Facts, expect: Expect) -> Outcome:
     if not _has_fabric(facts, expect):
         return na("no NVSwitch fabric declared or reported")
     fm = facts.get("fabric_manager") or {}
-    driver = (facts.get("nvidia_driver") or {}).get("version") or _gpus(facts).get("driver_version")
-    completed = all((d.get("fabric") or {}).get("state") == "Completed" for d in _devices(facts))
+    driver = (facts.get("nvidia_driver") or {}).get("version") or gpus_of(facts).get("driver_version")
+    completed = all((d.get("fabric") or {}).get("state") == "Completed" for d in devices_of(facts))
     if not fm.get("installed"):
         if completed:
             return ok(
@@ -424,11 +426,11 @@ def dmabuf_usable(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: open module + kernel >= 5.12 with `CONFIG_DMA_SHARED_BUFFER=y`
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     blockers = []
-    if _kernel_ok(facts, expect) is False:
+    if kernel_ok(facts, expect) is False:
         blockers.append(f"kernel {(facts.get('kernel') or {}).get('release')} < {expect.min_kernel}")
-    value, source = _config(facts)
+    value, source = kernel_config(facts)
     if source is not None and value != "y":
         blockers.append(f"CONFIG_DMA_SHARED_BUFFER={value or 'absent'}")
     flavour = (facts.get("nvidia_driver") or {}).get("flavour")
@@ -445,7 +447,7 @@ def dmabuf_usable(facts: Facts, expect: Expect) -> Outcome:
         )
         return (fail if expect.rdma else warn)("; ".join(blockers), remedy)
     if any(v is None for _, v in attrs):
-        reason = (_gpus(facts).get("cuda") or {}).get("reason") or "not recorded"
+        reason = (gpus_of(facts).get("cuda") or {}).get("reason") or "not recorded"
         return warn(
             f"kernel and driver allow dma-buf; CUDA attribute unknown ({reason})",
             "Install cuda-bindings (cuda-python) on the host so the CUDA attribute can be read.",

@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from pdinfra.cluster.expect import Expect
-from pdinfra.host.checks.common import _gpu_name, _join
-from pdinfra.host.checks.registry import Facts, Outcome, _devices, check, fail, na, ok, warn
+from pdinfra.host.checks.common import gpu_name, join_items
+from pdinfra.host.checks.registry import Facts, Outcome, check, devices_of, fail, na, ok, warn
 from pdinfra.host.facts import decode_clock_reasons
 
 
@@ -30,11 +30,11 @@ def gpu_ecc(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: reset the GPU (the row is remapped then); RMA on repeated errors; `nvidia-smi -e 1` and reboot
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     off: list[str] = []
     pending_on, bad, past, unknown, seen, no_sram = [], [], [], [], [], []
     for d in devices:
-        h, name = _health(d), _gpu_name(d)
+        h, name = _health(d), gpu_name(d)
         mode = h.get("ecc_mode")
         dram, sram = h.get("ecc_uncorrected") or {}, h.get("sram_uncorrected") or {}
         if mode is False:
@@ -57,7 +57,7 @@ def gpu_ecc(facts: Facts, expect: Expect) -> Outcome:
             no_sram.append(name.split()[0])
     if bad:
         return fail(
-            _join(bad),
+            join_items(bad),
             f"An uncorrectable ECC error corrupted GPU memory: {GPU_RESET}; the driver remaps the "
             "row at the reset (gpu.row_remap). Repeated uncorrectable errors on one GPU: open an RMA.",
         )
@@ -78,7 +78,7 @@ def gpu_ecc(facts: Facts, expect: Expect) -> Outcome:
         )
     if past:
         return warn(
-            _join(past),
+            join_items(past),
             "Watch gpu.row_remap: a remapped row repaired it; more uncorrectable errors on one GPU "
             "mean an RMA (`nvidia-smi -q -d ECC,ROW_REMAPPER`).",
         )
@@ -97,10 +97,10 @@ def gpu_row_remap(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: pending: drain and reset the GPU (`nvidia-smi -r`) or reboot; failure: RMA
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     failed_, pending, unknown, counts = [], [], [], []
     for d in devices:
-        h, name = _health(d), _gpu_name(d)
+        h, name = _health(d), gpu_name(d)
         rows = h.get("remapped_rows")
         retired = h.get("retired_pages_pending")
         if rows is None and retired is None:
@@ -125,14 +125,14 @@ def gpu_row_remap(facts: Facts, expect: Expect) -> Outcome:
                 "A remapping failure means a bank ran out of spare rows: the GPU cannot repair its memory, "
                 "open an RMA (NVIDIA's memory error management guide)."
             )
-        return fail(_join(failed_ + pending), " ".join(remedy))
+        return fail(join_items(failed_ + pending), " ".join(remedy))
     if unknown:
         return warn(
             f"cannot verify: remapped rows not recorded for {', '.join(unknown)}",
             "Gather facts with NVML on the host; `nvidia-smi -q -d ROW_REMAPPER` shows the same.",
         )
     if counts:
-        return ok(f"none pending or failed on {len(devices)} GPU(s); repaired before: {_join(counts, 8)}")
+        return ok(f"none pending or failed on {len(devices)} GPU(s); repaired before: {join_items(counts, 8)}")
     return ok(f"no row remapped, none pending, none failed on {len(devices)} GPU(s)")
 
 
@@ -161,30 +161,30 @@ def gpu_clocks(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: cooling, inlet temperature, BMC/PSU power events; RMA a GPU that alone runs hot
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     hw, sw, odd, unknown, seen = [], [], [], [], set()
     for d in devices:
         names = _clock_names(_health(d))
         if names is None:
-            unknown.append(_gpu_name(d))
+            unknown.append(gpu_name(d))
             continue
         seen.add(", ".join(names) or "none")
         if set(names) & CLOCKS_FAIL:
-            hw.append(f"{_gpu_name(d)}: {', '.join(names)}")
+            hw.append(f"{gpu_name(d)}: {', '.join(names)}")
         elif set(names) & CLOCKS_WARN:
-            sw.append(f"{_gpu_name(d)}: {', '.join(names)}")
+            sw.append(f"{gpu_name(d)}: {', '.join(names)}")
         elif set(names) - CLOCKS_FINE:
-            odd.append(f"{_gpu_name(d)}: {', '.join(names)}")
+            odd.append(f"{gpu_name(d)}: {', '.join(names)}")
     if hw:
         return fail(
-            _join(hw),
+            join_items(hw),
             "The GPU slows its clocks to protect itself: check inlet temperature and fans "
             "(`nvidia-smi -q -d TEMPERATURE,PERFORMANCE`), the BMC's power and PSU events (power brake), and "
             "reseat or RMA a GPU that alone runs hot; its throughput drops for every instance on it.",
         )
     if sw or odd:
         return warn(
-            _join(sw + odd),
+            join_items(sw + odd),
             "Software thermal slowdown: the GPU is near its temperature limit; check cooling "
             "and the data-center inlet temperature (`nvidia-smi -q -d TEMPERATURE`).",
         )
@@ -202,14 +202,14 @@ NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
 def _nvlink_counts(d: dict[str, Any]) -> tuple[str, list[tuple[str, dict[str, int | None]]]]:
     """('link', [(where, counters)] per active link), or ('gpu', [(GPU, totals)]) where no link had its counters."""
     links = [
-        (f"{_gpu_name(d)} link {lk.get('link')}", lk.get("errors") or {})
+        (f"{gpu_name(d)} link {lk.get('link')}", lk.get("errors") or {})
         for lk in d.get("nvlinks") or []
         if lk.get("active")
     ]
     if any(v is not None for _, c in links for v in c.values()):
         return "link", links
     totals = _health(d).get("nvlink_errors_total") or {}
-    return "gpu", [(_gpu_name(d), totals)] if any(v is not None for v in totals.values()) else []
+    return "gpu", [(gpu_name(d), totals)] if any(v is not None for v in totals.values()) else []
 
 
 @check("gpu.nvlink_errors", "NVLink error counters below the thresholds (recovery, CRC, replay)", "gpu", gpu_only=True)
@@ -222,7 +222,7 @@ def gpu_nvlink_errors(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: `nvidia-smi nvlink -e`, `dcgmi diag -r 3`; power cycle; baseboard RMA
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     if not any(d.get("nvlinks") for d in devices) and expect.nvlinks_per_gpu is None:
         return na("no NVLinks reported and none declared (PCIe-only GPUs)")
     bad, noisy, unknown, total, links = [], [], [], dict.fromkeys(NVLINK_COUNTERS, 0), 0
@@ -233,7 +233,7 @@ def gpu_nvlink_errors(facts: Facts, expect: Expect) -> Outcome:
     for d in devices:
         scope, rows = _nvlink_counts(d)
         if not rows:
-            unknown.append(_gpu_name(d))
+            unknown.append(gpu_name(d))
             continue
         for where, c in rows:
             links += scope == "link"
@@ -252,9 +252,9 @@ def gpu_nvlink_errors(facts: Facts, expect: Expect) -> Outcome:
         "a full power cycle and, if it persists, a baseboard RMA. The counters restart with the driver."
     )
     if bad:
-        return fail(_join(bad), remedy)
+        return fail(join_items(bad), remedy)
     if noisy:
-        return warn(_join(noisy), remedy)
+        return warn(join_items(noisy), remedy)
     if unknown:
         return warn(
             f"cannot verify: NVLink error counters not recorded for {', '.join(unknown)}",
@@ -321,7 +321,7 @@ def gpu_xid(facts: Facts, expect: Expect) -> Outcome:
             f"cannot verify: kernel log not read ({reason})",
             "Gather facts as root on the host (`journalctl -k -b` or `dmesg` must be readable).",
         )
-    gpus = {d.get("bus_id"): d.get("index") for d in _devices(facts)}
+    gpus = {d.get("bus_id"): d.get("index") for d in devices_of(facts)}
     hard, app, other = {}, {}, {}
     rows = log.get("xids") or []
     settled = _settled_154(rows)
@@ -345,7 +345,7 @@ def gpu_xid(facts: Facts, expect: Expect) -> Outcome:
     source = f"{log.get('source')}, {log.get('lines')} lines"
     if hard:
         return fail(
-            _join(show(hard, XID_HARDWARE)) + f" [{source}]",
+            join_items(show(hard, XID_HARDWARE)) + f" [{source}]",
             f"Follow NVIDIA's Xid catalog for each: 63/94/95/154 need a GPU reset ({GPU_RESET}), 64/92 and "
             "repeated 48/74/79 an RMA, 119/120 (GSP) a reset and a driver update; check gpu.row_remap and "
             "gpu.ecc. The events stay in this boot's log: after acting on them, reboot the node to clear "
@@ -353,7 +353,7 @@ def gpu_xid(facts: Facts, expect: Expect) -> Outcome:
         )
     if app or other:
         return warn(
-            _join(show(app, XID_APPLICATION) + show(other, {})) + f" [{source}]",
+            join_items(show(app, XID_APPLICATION) + show(other, {})) + f" [{source}]",
             "Application Xids (13, 31, 43, 45) come from a process's own fault; if they repeat on one GPU "
             "across workloads, run `dcgmi diag -r 3` on it. Look up unclassified ones in NVIDIA's Xid "
             "catalog.",
@@ -401,14 +401,14 @@ def nvswitch_sxid(facts: Facts, expect: Expect) -> Outcome:
     source = f"{log.get('source')}, {log.get('lines')} lines"
     if fatal:
         return fail(
-            _join(show(fatal)) + f" [{source}]",
+            join_items(show(fatal)) + f" [{source}]",
             "A Fatal SXid stalls NVLink traffic through that switch: stop the node's instances, reboot it to reset "
             "the GPUs and NVSwitches together (Fabric Manager restarts with them), and validate again; if the same "
             "SXid returns on the same switch and link, have the baseboard serviced.",
         )
     if other:
         return warn(
-            _join(show(other)) + f" [{source}]",
+            join_items(show(other)) + f" [{source}]",
             "Non-fatal SXids are corrected by the switch; a few at driver load are common. Look each up in "
             "NVIDIA's SXid catalog (Fabric Manager user guide); if they keep coming under load, watch "
             "gpu.nvlink_errors and run `dcgmi diag -r 2`.",

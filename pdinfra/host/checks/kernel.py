@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdinfra.cluster.expect import Expect
-from pdinfra.host.checks.common import _config, _kernel_ok
+from pdinfra.host.checks.common import kernel_config, kernel_ok
 from pdinfra.host.checks.registry import Facts, Outcome, check, fail, na, ok, warn
 
 
@@ -23,7 +23,7 @@ def kernel_version(facts: Facts, expect: Expect) -> Outcome:
     if not _needs_platform(expect):
         return na("CPU-role host without RDMA: no kernel floor")
     release = (facts.get("kernel") or {}).get("release")
-    good = _kernel_ok(facts, expect)
+    good = kernel_ok(facts, expect)
     if good is None:
         return warn("kernel release unknown", "Read /proc/sys/kernel/osrelease (uname -r) on the host.")
     if good:
@@ -45,7 +45,7 @@ def kernel_dmabuf_config(facts: Facts, expect: Expect) -> Outcome:
     """
     if not _needs_platform(expect):
         return na("CPU-role host without RDMA")
-    value, source = _config(facts)
+    value, source = kernel_config(facts)
     if source is None:
         return warn(
             "kernel config not readable (no /proc/config.gz, no /boot/config-<release>)",

@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from pdinfra.cluster.expect import Expect
-from pdinfra.host.checks.common import _gpu_name, _join, _rail_nics
-from pdinfra.host.checks.registry import Facts, Outcome, _devices, check, fail, na, ok, warn
+from pdinfra.host.checks.common import gpu_name, join_items, rail_nics
+from pdinfra.host.checks.registry import Facts, Outcome, check, devices_of, fail, na, ok, warn
 
 
 def _aer_targets(facts: Facts, expect: Expect) -> list[tuple[str, dict[str, Any] | None, bool]]:
     """(name, AER counters, judged strictly) of each GPU and RDMA NIC in scope: GPUs and declared-rail NICs fail;
     NICs present where no rail is declared only warn (like rdma.pcie)."""
-    out = [(_gpu_name(d), (d.get("pcie") or {}).get("aer"), True) for d in _devices(facts)] if expect.gpu else []
+    out = [(gpu_name(d), (d.get("pcie") or {}).get("aer"), True) for d in devices_of(facts)] if expect.gpu else []
     nics = (facts.get("rdma") or {}).get("devices") or []
     if expect.rdma:
-        wanted = _rail_nics(facts, expect)
+        wanted = rail_nics(facts, expect)
         nics = [n for n in nics if n.get("name") in wanted]
     return out + [(f"{n.get('name')} {n.get('pci') or '?'}", n.get("aer"), bool(expect.rdma)) for n in nics]
 
@@ -60,12 +60,12 @@ def pcie_aer(facts: Facts, expect: Expect) -> Outcome:
         "integrity on that slot."
     )
     if severe:
-        return fail(_join(severe + minor), remedy)
+        return fail(join_items(severe + minor), remedy)
     if minor or noisy:
-        return warn(_join(minor + noisy), remedy)
+        return warn(join_items(minor + noisy), remedy)
     if unknown:
         return warn(
-            f"cannot verify: no AER counters for {_join(unknown, 4)}",
+            f"cannot verify: no AER counters for {join_items(unknown, 4)}",
             "Read /sys/bus/pci/devices/<bdf>/aer_dev_{correctable,nonfatal,fatal} on the host (kernel >= "
             "4.17 with AER; a VM's passthrough devices often have none).",
         )
@@ -75,7 +75,7 @@ def pcie_aer(facts: Facts, expect: Expect) -> Outcome:
 # The ACS Control bits that send peer-to-peer requests up to the root complex instead of across the switch.
 ACS_REDIRECT_FLAGS = ("ReqRedir", "CmpltRedir", "EgressCtrl")
 ACS_REMEDY = (
-    "Turn ACS redirect off on the PCIe switch ports above the GPUs and NICs: the BIOS setting (\"ACS\", \"PCIe ACS "
+    'Turn ACS redirect off on the PCIe switch ports above the GPUs and NICs: the BIOS setting ("ACS", "PCIe ACS '
     "control\") where it has one, else `setpci -s BDF ECAP_ACS+0x6.w=0000` for each port at every boot (NCCL's "
     "troubleshooting guide). With it on, GPUDirect RDMA and GPU peer traffic detour through the CPU's root complex: "
     "lower bandwidth, and NCCL or NIXL can hang."
@@ -109,9 +109,11 @@ def pcie_acs(facts: Facts, expect: Expect) -> Outcome:
     devices: dict[str, Any] = acs.get("devices") or {}
     bridges: dict[str, Any] = acs.get("bridges") or {}
     if not devices:
-        return warn("cannot verify: no GPU or RDMA NIC was found on the PCI bus",
-                    "Check /sys/bus/pci/devices on the host (gpu.pci_count says what the PCI bus shows).")  # fmt: skip
-    wanted = _rail_nics(facts, expect)
+        return warn(
+            "cannot verify: no GPU or RDMA NIC was found on the PCI bus",
+            "Check /sys/bus/pci/devices on the host (gpu.pci_count says what the PCI bus shows).",
+        )
+    wanted = rail_nics(facts, expect)
     severe: dict[str, list[str]] = {}
     minor: dict[str, list[str]] = {}
     unplaced, unreadable, ports = [], set(), set()
@@ -138,20 +140,26 @@ def pcie_acs(facts: Facts, expect: Expect) -> Outcome:
         return [f"switch port {port} above {', '.join(below)}" for port, below in sorted(found.items())]
 
     if severe:
-        return fail("ACS redirect on: " + _join(said(severe) + said(minor), 4), ACS_REMEDY)
+        return fail("ACS redirect on: " + join_items(said(severe) + said(minor), 4), ACS_REMEDY)
     if minor:
         where = "outside the declared rails" if expect.rdma else "(no rail declared)"
-        return warn(f"ACS redirect on above an RDMA NIC {where}: " + _join(said(minor), 4), ACS_REMEDY)
+        return warn(f"ACS redirect on above an RDMA NIC {where}: " + join_items(said(minor), 4), ACS_REMEDY)
     if unplaced or unreadable:
         why = []
         if unplaced:
-            why.append(f"{_join(unplaced, 4)}: place in the PCI tree unknown (no sysfs device link into /sys/devices)")
+            why.append(
+                f"{join_items(unplaced, 4)}: place in the PCI tree unknown (no sysfs device link into /sys/devices)"
+            )
         if unreadable:
-            why.append(f"switch port(s) {_join(sorted(unreadable), 4)}: extended config space unreadable")
-        return warn("cannot verify: " + "; ".join(why),
-                    "Run `pdinfra validate` as root (the ACS registers are in the extended config space), or read "
-                    "`lspci -vvv` (ACSCtl) for the bridges above each GPU and NIC.")  # fmt: skip
+            why.append(f"switch port(s) {join_items(sorted(unreadable), 4)}: extended config space unreadable")
+        return warn(
+            "cannot verify: " + "; ".join(why),
+            "Run `pdinfra validate` as root (the ACS registers are in the extended config space), or read "
+            "`lspci -vvv` (ACSCtl) for the bridges above each GPU and NIC.",
+        )
     if not ports:
-        return ok(f"{len(devices)} device(s), no PCIe switch above them (on the root bus or a root port): nothing "
-                  "to redirect peer traffic")  # fmt: skip
+        return ok(
+            f"{len(devices)} device(s), no PCIe switch above them (on the root bus or a root port): nothing "
+            "to redirect peer traffic"
+        )
     return ok(f"{len(devices)} device(s) behind {len(ports)} PCIe switch port(s): ACS redirect off on every one")

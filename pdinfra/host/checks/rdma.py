@@ -8,8 +8,8 @@ import re
 from typing import Any
 
 from pdinfra.cluster.expect import Expect
-from pdinfra.host.checks.common import _join, _ports_for, _rail_nics
-from pdinfra.host.checks.registry import Facts, Outcome, _devices, check, fail, na, ok, warn
+from pdinfra.host.checks.common import join_items, ports_for, rail_nics
+from pdinfra.host.checks.registry import Facts, Outcome, check, devices_of, fail, na, ok, warn
 from pdinfra.host.facts import RDMA_PORT_COUNTERS
 
 IB_MTUS = (4096, 2048, 1024, 512, 256)
@@ -47,7 +47,7 @@ def rdma_ports(facts: Facts, expect: Expect) -> Outcome:
         down = [f"{d['name']}/{p['port']}: {p.get('state')}" for d, p in ports if p.get("state") != "ACTIVE"]
         if down:
             return warn(
-                "undeclared RDMA ports not active: " + _join(down),
+                "undeclared RDMA ports not active: " + join_items(down),
                 "Declare the RDMA netdevs in the inventory or leave them unused.",
             )
         return ok(f"{len(ports)} undeclared RDMA ports ACTIVE")
@@ -58,7 +58,7 @@ def rdma_ports(facts: Facts, expect: Expect) -> Outcome:
         )
     problems, good = [], []
     for want in expect.rdma:
-        ports = _ports_for(facts, want.netdev)
+        ports = ports_for(facts, want.netdev)
         if not ports:
             problems.append(f"{want.netdev}: no RDMA port bound")
             continue
@@ -71,12 +71,12 @@ def rdma_ports(facts: Facts, expect: Expect) -> Outcome:
                 good.append(where)
     if problems:
         return fail(
-            _join(problems),
+            join_items(problems),
             "Bring the port up (cable, switch port, `ip link set <netdev> up`); for RoCE the port's "
             "link_layer "
             "must be Ethernet (`mlxconfig -d <pci> set LINK_TYPE_P1=2`).",
         )
-    rates = sorted({p.get("rate") or "?" for w in expect.rdma for _, p in _ports_for(facts, w.netdev)})
+    rates = sorted({p.get("rate") or "?" for w in expect.rdma for _, p in ports_for(facts, w.netdev)})
     return ok(f"{len(good)} ports ACTIVE/LinkUp/Ethernet ({', '.join(rates)})")
 
 
@@ -109,7 +109,7 @@ def roce_v2_gid(facts: Facts, expect: Expect) -> Outcome:
         ]
         if lacking:
             return warn(
-                f"undeclared RoCE ports without a RoCE v2 IPv4 GID: {_join(lacking)}",
+                f"undeclared RoCE ports without a RoCE v2 IPv4 GID: {join_items(lacking)}",
                 "Declare the rails in the inventory (rdma_roce_nics) so rdma_roce configures them, or leave them "
                 "unused.",
             )
@@ -117,7 +117,7 @@ def roce_v2_gid(facts: Facts, expect: Expect) -> Outcome:
     problems, good = [], []
     for want in expect.rdma:
         gids = [
-            g for _, p in _ports_for(facts, want.netdev) for g in p.get("gids") or [] if g.get("ndev") == want.netdev
+            g for _, p in ports_for(facts, want.netdev) for g in p.get("gids") or [] if g.get("ndev") == want.netdev
         ]
         target = ipaddress.ip_address(want.ip) if want.ip else None
         v2 = [g for g in gids if g.get("type") == "RoCE v2"]
@@ -131,12 +131,12 @@ def roce_v2_gid(facts: Facts, expect: Expect) -> Outcome:
         problems.append(f"{want.netdev}: no RoCE v2 GID for {want.ip or 'an IPv4 address'} (has {seen})")
     if problems:
         return fail(
-            _join(problems),
+            join_items(problems),
             "Configure the address on the RDMA netdev itself and enable RoCE v2 (`cma_roce_mode -d <dev> "
             "-p 1 "
             "-m 2`, or the NIC's RoCE mode); RoCE v1 is not routable and NCCL/UCX use the v2 GID.",
         )
-    return ok("RoCE v2 GIDs: " + _join(good, limit=8))
+    return ok("RoCE v2 GIDs: " + join_items(good, limit=8))
 
 
 @check("rdma.mtu", "MTU consistent: netdev, declaration and RoCE active MTU", "rdma")
@@ -166,7 +166,7 @@ def rdma_mtu(facts: Facts, expect: Expect) -> Outcome:
             )
         if len(set(mtus.values())) > 1:
             return warn(
-                "undeclared RoCE netdevs differ in MTU: " + _join(f"{k} {v}" for k, v in sorted(mtus.items())),
+                "undeclared RoCE netdevs differ in MTU: " + join_items(f"{k} {v}" for k, v in sorted(mtus.items())),
                 "Give every rail the same MTU (9000 on a lossless fabric) and declare the rails in the inventory.",
             )
         seen = ", ".join(sorted(map(str, set(mtus.values())))) or "unknown"
@@ -180,7 +180,7 @@ def rdma_mtu(facts: Facts, expect: Expect) -> Outcome:
         mtu = int(nd["mtu"])
         if want.mtu is not None and mtu != want.mtu:
             problems.append(f"{want.netdev}: netdev MTU {mtu}, declared {want.mtu}")
-        for dev, port in _ports_for(facts, want.netdev):
+        for dev, port in ports_for(facts, want.netdev):
             active = port.get("active_mtu")
             expected = roce_mtu(mtu, port.get("max_mtu") or 4096)
             if active is not None and active != expected:
@@ -199,11 +199,11 @@ def rdma_mtu(facts: Facts, expect: Expect) -> Outcome:
         problems.append("rails differ in MTU: " + ", ".join(f"{k} {v}" for k, v in sorted(declared_free.items())))
     if problems:
         return fail(
-            _join(problems),
+            join_items(problems),
             "Set the declared MTU persistently on the netdev (netplan/NetworkManager `mtu: 9000`) and on the "
             "switch port; the RoCE active MTU follows the netdev MTU (9000 gives 4096).",
         )
-    return ok("MTU " + _join(good, limit=8))
+    return ok("MTU " + join_items(good, limit=8))
 
 
 def _rate_mbps(rate: str | None) -> int | None:
@@ -216,7 +216,7 @@ def _netdev_speed(facts: Facts, netdev: str) -> tuple[int | None, str]:
     nd = ((facts.get("netdevs") or {}).get("interfaces") or {}).get(netdev) or {}
     if nd.get("speed_mbps"):
         return int(nd["speed_mbps"]), "netdev"
-    for _, port in _ports_for(facts, netdev):
+    for _, port in ports_for(facts, netdev):
         if _rate_mbps(port.get("rate")):
             return _rate_mbps(port.get("rate")), "port rate"
     return None, ""
@@ -244,7 +244,7 @@ def rdma_speed(facts: Facts, expect: Expect) -> Outcome:
             slow.append(f"{want.netdev}: {speed // 1000} Gb/s ({source}), expected {want.speed // 1000} Gb/s")
     if slow:
         return fail(
-            _join(slow),
+            join_items(slow),
             "The link trained below its rated speed: check the cable/transceiver and the switch port "
             "(`ethtool <netdev>`, `mlxlink -d <pci>`); the KV path's link limits assume the rated speed.",
         )
@@ -254,9 +254,9 @@ def rdma_speed(facts: Facts, expect: Expect) -> Outcome:
         )
     if all(w.speed is None for w in expect.rdma):
         return warn(
-            "no rail speed declared: " + _join(seen, 8), "Set pdinfra_hardware (e.g. hgx-h100-8gpu: 400G rails)."
+            "no rail speed declared: " + join_items(seen, 8), "Set pdinfra_hardware (e.g. hgx-h100-8gpu: 400G rails)."
         )
-    return ok(_join(seen, 8))
+    return ok(join_items(seen, 8))
 
 
 @check("rdma.pcie", "RDMA NICs at their full PCIe width", "rdma")
@@ -269,7 +269,7 @@ def rdma_pcie(facts: Facts, expect: Expect) -> Outcome:
     """
     devices = (facts.get("rdma") or {}).get("devices") or []
     if expect.rdma:
-        wanted = _rail_nics(facts, expect)
+        wanted = rail_nics(facts, expect)
         devices = [d for d in devices if d["name"] in wanted]
     if not devices:
         return na("no RDMA device declared or present")
@@ -284,7 +284,7 @@ def rdma_pcie(facts: Facts, expect: Expect) -> Outcome:
             narrow.append(f"{d['name']} {d.get('pci')}: x{link['cur_width']} < x{link['max_width']}")
     if narrow:
         return (fail if expect.rdma else warn)(
-            _join(narrow), "Reseat the NIC or its riser; a 400G NIC needs Gen5 x16 (or Gen4 x16 for 200G)."
+            join_items(narrow), "Reseat the NIC or its riser; a 400G NIC needs Gen5 x16 (or Gen4 x16 for 200G)."
         )
     if unknown:
         return warn(f"PCIe link not recorded for {', '.join(unknown)}", "Read <device>/current_link_width in sysfs.")
@@ -302,8 +302,8 @@ def rdma_link_flaps(facts: Facts, expect: Expect) -> Outcome:
     Remedy: cable, transceiver, switch port (`mlxlink -m -c -e`); replace what flaps
     """
     if expect.rdma:
-        ports = [(f"{w.netdev} ", d, p) for w in expect.rdma for d, p in _ports_for(facts, w.netdev)]
-        unknown = [f"{w.netdev} (no RDMA port bound)" for w in expect.rdma if not _ports_for(facts, w.netdev)]
+        ports = [(f"{w.netdev} ", d, p) for w in expect.rdma for d, p in ports_for(facts, w.netdev)]
+        unknown = [f"{w.netdev} (no RDMA port bound)" for w in expect.rdma if not ports_for(facts, w.netdev)]
     else:
         ports = [("", d, p) for d in (facts.get("rdma") or {}).get("devices") or [] for p in d.get("ports") or []]
         unknown = []
@@ -324,14 +324,14 @@ def rdma_link_flaps(facts: Facts, expect: Expect) -> Outcome:
             seen[c] += int(counters[c])
     if flapping:
         return (fail if expect.rdma else warn)(
-            _join(flapping),
+            join_items(flapping),
             "The rail's link went down or retrained since boot: every KV transfer over it stalled or failed then. "
             "Check the cable or transceiver and the switch port (`mlxlink -d <pci> -m -c -e` for BER/FEC, the "
             "switch's port log), replace what flaps, and watch the counters (they restart with the driver).",
         )
     if unknown:
         return warn(
-            f"cannot verify: link counters not recorded for {_join(unknown, 4)}",
+            f"cannot verify: link counters not recorded for {join_items(unknown, 4)}",
             "Read /sys/class/infiniband/<dev>/ports/<port>/counters/{link_downed,link_error_recovery} on the host.",
         )
     return ok(
@@ -376,20 +376,22 @@ def rdma_qos(facts: Facts, expect: Expect) -> Outcome:
                 elif prio not in q[f"ecn_{side}"]:
                     problems.append(f"{rail.netdev}: ECN {side} off on priority {prio}")
         if want.get("roce_mode"):
-            modes = {p.get("roce_mode") for _, p in _ports_for(facts, rail.netdev)}
+            modes = {p.get("roce_mode") for _, p in ports_for(facts, rail.netdev)}
             if not modes or modes == {None}:
                 unknown.append(f"{rail.netdev} rdma_cm RoCE mode")
             elif modes - {want["roce_mode"]}:
                 problems.append(f"{rail.netdev}: rdma_cm default mode {', '.join(sorted(map(str, modes)))}")
     if problems:
         return fail(
-            _join(problems),
+            join_items(problems),
             "Re-apply the rail QoS (`systemctl restart pdinfra-roce-qos`, written by the rdma_roce role): "
             "`mlnx_qos -i <netdev> --trust dscp --pfc 0,0,0,1,0,0,0,0`, ECN via /sys/class/net/<netdev>/ecn, "
             "`cma_roce_mode -d <dev> -p 1 -m 2`; without PFC/ECN RoCE drops packets under incast.",
         )
     if unknown:
-        return warn("not recorded: " + _join(unknown), "Record `mlnx_qos -i <netdev>` (MLNX tools) and the ecn sysfs.")
+        return warn(
+            "not recorded: " + join_items(unknown), "Record `mlnx_qos -i <netdev>` (MLNX tools) and the ecn sysfs."
+        )
     return ok(f"{len(expect.rdma)} rails: trust dscp, PFC on {prio}, ECN on {prio}, {want.get('roce_mode') or 'mode'}")
 
 
@@ -401,7 +403,7 @@ def gpudirect_rdma(facts: Facts, expect: Expect) -> Outcome:
 
     Remedy: open module (dma-buf) or nvidia_peermem; a data-center GPU
     """
-    devices = _devices(facts)
+    devices = devices_of(facts)
     if not expect.rdma:
         return na("no RDMA declared: the KV path stays on NVLink/PCIe inside the host")
     values = [(d.get("index"), (d.get("cuda") or {}).get("gpu_direct_rdma_supported")) for d in devices]
@@ -414,6 +416,8 @@ def gpudirect_rdma(facts: Facts, expect: Expect) -> Outcome:
             "memory otherwise and UCX stages KV through host memory.",
         )
     if unknown:
-        return warn(f"GPUDirect RDMA attribute not recorded for GPU {', '.join(unknown)}",
-                    "Install cuda-bindings (cuda-python) on the host and re-gather facts.")  # fmt: skip
+        return warn(
+            f"GPUDirect RDMA attribute not recorded for GPU {', '.join(unknown)}",
+            "Install cuda-bindings (cuda-python) on the host and re-gather facts.",
+        )
     return ok(f"GPUDIRECT_RDMA_SUPPORTED=1 on all {len(devices)} GPUs")

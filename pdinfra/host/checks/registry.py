@@ -65,6 +65,16 @@ class Check:
 
 
 CATALOG: list[Check] = []
+# The catalog's order (the order ``pdinfra validate`` reports in and docs/validation.md lists): by topic module in
+# this order, then in each module's source order. Explicit, so no import order decides it.
+TOPICS = ("kernel", "gpu", "gpu_health", "pcie_errors", "rdma", "ucx", "serving")
+
+
+def _topic(fn: Callable[..., Any]) -> int:
+    topic = fn.__module__.rsplit(".", 1)[-1]
+    if topic not in TOPICS:
+        raise ValueError(f"check module {fn.__module__} is not in the catalog's order (registry.TOPICS)")
+    return TOPICS.index(topic)
 
 
 def check(
@@ -81,26 +91,27 @@ def check(
             inner = fn
 
             def fn(facts: Facts, expect: Expect) -> Outcome:
-                if not expect.gpu or not _devices(facts):
+                if not expect.gpu or not devices_of(facts):
                     return na("no GPUs to inspect")
                 return inner(facts, expect)
 
             fn.__name__, fn.__doc__, fn.__wrapped__ = inner.__name__, inner.__doc__, inner  # type: ignore[attr-defined]
         CATALOG.append(Check(check_id, title, layer, fn))
+        CATALOG.sort(key=lambda c: _topic(getattr(c.fn, "__wrapped__", c.fn)))  # stable: source order in a topic
         return fn
 
     return register
 
 
-def _gpus(facts: Facts) -> dict[str, Any]:
+def gpus_of(facts: Facts) -> dict[str, Any]:
     return facts.get("gpus") or {}
 
 
-def _devices(facts: Facts) -> list[dict[str, Any]]:
-    return list(_gpus(facts).get("devices") or [])
+def devices_of(facts: Facts) -> list[dict[str, Any]]:
+    return list(gpus_of(facts).get("devices") or [])
 
 
-def _run_one(c: Check, facts: Facts, expect: Expect) -> CheckResult:
+def run_one(c: Check, facts: Facts, expect: Expect) -> CheckResult:
     try:
         out = c.fn(facts, expect)
     except Exception as exc:  # a check bug must show up, not pass silently
@@ -115,7 +126,7 @@ def run_checks(facts: Facts, expect: Expect | None = None) -> list[CheckResult]:
     """Run the whole catalog on one host's facts. ``expect`` defaults to the host's declared expect.json."""
     if expect is None:
         expect = Expect.from_dict(facts.get("expect"))
-    return [_run_one(c, facts, expect) for c in CATALOG]
+    return [run_one(c, facts, expect) for c in CATALOG]
 
 
 def failed(results: Iterable[CheckResult]) -> list[CheckResult]:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from pdinfra.cluster.expect import Expect
-from pdinfra.host.checks.common import _join
+from pdinfra.host.checks.common import join_items
 from pdinfra.host.checks.registry import Facts, Outcome, check, fail, na, ok, warn
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
@@ -31,8 +31,10 @@ def serving_toolchain(facts: Facts, expect: Expect) -> Outcome:
     """
     tc = facts.get("toolchain") or {}
     if not tc.get("known"):
-        return warn("compilers not recorded for this host (no pdinfra-cmd/g___--version.txt or gcc_--version.txt)",
-                    "Gather facts on the host itself (`pdinfra validate` there) to see its compilers.")  # fmt: skip
+        return warn(
+            "compilers not recorded for this host (no pdinfra-cmd/g___--version.txt or gcc_--version.txt)",
+            "Gather facts on the host itself (`pdinfra validate` there) to see its compilers.",
+        )
     compilers = tc.get("compilers") or {}
     have = {k: v for k, v in compilers.items() if v}
     seen = ", ".join(f"{k}: {v}" for k, v in sorted(have.items())) or "no g++, no gcc"
@@ -46,8 +48,11 @@ def serving_toolchain(facts: Facts, expect: Expect) -> Outcome:
         problems.append(f"no Python.h under /usr/include/python3*: {who} includes it")
     if problems:
         pkgs = "g++ python3-dev" if cpu else "gcc python3-dev"
-        return fail("; ".join(problems), f"Install {pkgs} from the distribution (pd_runtime installs "
-                    f"pd_runtime_compiler_packages; `apt-get install {pkgs}`).")  # fmt: skip
+        return fail(
+            "; ".join(problems),
+            f"Install {pkgs} from the distribution (pd_runtime installs "
+            f"pd_runtime_compiler_packages; `apt-get install {pkgs}`).",
+        )
     return ok(f"{need} for {who}: {have[need]}; {headers[0]}")
 
 
@@ -71,7 +76,7 @@ def serving_health(facts: Facts, expect: Expect) -> Outcome:
     if bad:
         units = sorted({str(i.get("unit")) for i in instances if i.get("unit")}) or ["<unit>"]
         return fail(
-            _join(bad),
+            join_items(bad),
             f"Read the service log (`journalctl -u {' -u '.join(units)}`) and check that each instance listens "
             "on its port; a model still loading answers /health only when ready.",
         )
@@ -101,21 +106,29 @@ def serving_deep_health(facts: Facts, expect: Expect) -> Outcome:
     interval = dh.get("interval_s") or 30
     age = dh.get("age_s")
     if isinstance(age, (int, float)) and age > 3 * interval + 60:
-        return fail(f"the last probe ran {age:.0f} s ago (every {interval} s expected): the timer is not running",
-                     "Check `systemctl status pdinfra-probe.timer pdinfra-probe.service`.")  # fmt: skip
+        return fail(
+            f"the last probe ran {age:.0f} s ago (every {interval} s expected): the timer is not running",
+            "Check `systemctl status pdinfra-probe.timer pdinfra-probe.service`.",
+        )
     paths = [p for p in last.get("paths") or [] if isinstance(p, dict)]
     if not paths:
         return fail("the last probe result lists no path", remedy_run)
     bad = [f"{p.get('path')}: {p.get('evidence')}" for p in paths if not p.get("ok")]
     when = f" ({age:.0f} s ago)" if isinstance(age, (int, float)) else ""
     if bad or not last.get("ok"):
-        return fail(_join(bad) + when, "A path whose /health is fine but whose PD request fails is the stale NIXL/UCX "
-                    "state of docs/reliability.md: restart the instances of that pair (the decode first).")  # fmt: skip
-    return ok(_join(f"{p.get('path')} {float(p.get('seconds') or 0):.2f} s" for p in paths) + when)
+        return fail(
+            join_items(bad) + when,
+            "A path whose /health is fine but whose PD request fails is the stale NIXL/UCX "
+            "state of docs/reliability.md: restart the instances of that pair (the decode first).",
+        )
+    return ok(join_items(f"{p.get('path')} {float(p.get('seconds') or 0):.2f} s" for p in paths) + when)
 
 
-@check("serving.kv_integrity", "P->D answers equal the decode instance's own, from one KV block to 90 % of the context",
-       "serving")  # fmt: skip
+@check(
+    "serving.kv_integrity",
+    "P->D answers equal the decode instance's own, from one KV block to 90 % of the context",
+    "serving",
+)
 def serving_kv_integrity(facts: Facts, expect: Expect) -> Outcome:
     """Reads: `deep_health.last.integrity` (the probe's KV integrity result in `/var/lib/pdinfra/probe/last.json`:
     each prefill->decode pair and prompt length, when it ran)
@@ -132,11 +145,14 @@ def serving_kv_integrity(facts: Facts, expect: Expect) -> Outcome:
         return na("no deep-health probe on this host (pdinfra-probe.timer runs on the router node)")
     last = dh.get("last") or {}
     integ = last.get("integrity")
-    run_now = ("Run it now: `systemctl start pdinfra-probe.service` (it runs the check when its last run is older "
-               "than pd_router_probe_integrity_interval_s), or `pdinfra smoke` from the controller.")  # fmt: skip
+    run_now = (
+        "Run it now: `systemctl start pdinfra-probe.service` (it runs the check when its last run is older "
+        "than pd_router_probe_integrity_interval_s), or `pdinfra smoke` from the controller."
+    )
     if not isinstance(integ, dict):
-        return fail("the probe's result has no KV integrity check (never run, or a probe older than pdinfra's)",
-                    run_now)  # fmt: skip
+        return fail(
+            "the probe's result has no KV integrity check (never run, or a probe older than pdinfra's)", run_now
+        )
     if "skipped" in integ:
         return na(f"the KV integrity check does not apply: {integ['skipped']}")
     cases = [c for c in integ.get("cases") or [] if isinstance(c, dict)]
@@ -150,14 +166,16 @@ def serving_kv_integrity(facts: Facts, expect: Expect) -> Outcome:
     bad = [f"{c.get('pair')} at {c.get('tokens')} tokens: {c.get('evidence')}" for c in cases if not c.get("ok")]
     when = f" ({age:.0f} s ago)" if isinstance(age, (int, float)) else ""
     if bad or not integ.get("ok"):
-        return fail(_join(bad) + when, "The decode answered from KV that is not the prompt's. Check that every "
-                    "instance runs the same model, dtype and block size (serving.pd_consistency), the connector's "
-                    "errors in the decode's journal and the transfer path (`pdinfra validate --transfer`; "
-                    "UCX_NET_DEVICES on RDMA hosts); restart the pair's instances, decode first; `pdinfra smoke`.")
+        return fail(
+            join_items(bad) + when,
+            "The decode answered from KV that is not the prompt's. Check that every "
+            "instance runs the same model, dtype and block size (serving.pd_consistency), the connector's "
+            "errors in the decode's journal and the transfer path (`pdinfra validate --transfer`; "
+            "UCX_NET_DEVICES on RDMA hosts); restart the pair's instances, decode first; `pdinfra smoke`.",
+        )
     pairs = sorted({str(c.get("pair")) for c in cases})
     sizes = sorted({int(c.get("tokens") or 0) for c in cases})
-    return ok(f"{len(cases)} cases equal over {', '.join(pairs)} at {', '.join(map(str, sizes))} prompt tokens"
-              + when)  # fmt: skip
+    return ok(f"{len(cases)} cases equal over {', '.join(pairs)} at {', '.join(map(str, sizes))} prompt tokens" + when)
 
 
 def pd_consistency_problems(instances: list[dict[str, Any]], pd_hosts: int) -> list[str]:
@@ -197,7 +215,7 @@ def pd_consistency(facts: Facts, expect: Expect) -> Outcome:
             problems.append(f"{key} {', '.join(dupes)} used by more than one instance")
     if problems:
         return fail(
-            _join(problems),
+            join_items(problems),
             "Serve the same model, dtype, block size and KV connector on every instance; give each instance "
             "its own port and VLLM_NIXL_SIDE_CHANNEL_PORT; use a routable side_channel_host across hosts.",
         )

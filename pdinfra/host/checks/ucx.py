@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 from pdinfra.cluster.expect import Expect
-from pdinfra.host.checks.common import _join
-from pdinfra.host.checks.registry import Facts, Outcome, _devices, check, fail, na, ok, warn
+from pdinfra.host import topology
+from pdinfra.host.checks.common import join_items
+from pdinfra.host.checks.registry import Facts, Outcome, check, devices_of, fail, na, ok, warn
 
 
 def required_transports(expect: Expect) -> list[str]:
@@ -74,7 +73,7 @@ def ucx_tls_allows(tls: str, transport: str) -> bool:
 
 def _gpu_numa(facts: Facts) -> dict[int, int | None]:
     out = {}
-    for d in _devices(facts):
+    for d in devices_of(facts):
         sysfs = (d.get("pcie") or {}).get("sysfs") or {}
         out[int(d.get("index", -1))] = sysfs.get("numa_node")
     return out
@@ -103,14 +102,16 @@ def ucx_env(facts: Facts, expect: Expect) -> Outcome:
     problems, unknown, seen = [], [], []
     # GPUs without an active NVLink: UCX's auto turns cuda_ipc GET off there, and vLLM's NIXL READ between two GPUs
     # of this host falls back to tcp (docs/runs/2026-12-03-h200x1-get-zcopy). One GPU has no pair on the host.
-    gpus = _devices(facts) if expect.gpu else []
+    gpus = devices_of(facts) if expect.gpu else []
     no_nvlink = [str(d.get("index")) for d in gpus if not any(lk.get("active") for lk in d.get("nvlinks") or [])]
     for name, env in sorted(files.items()):
         get_zcopy = (env.get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY") or "").lower()
         if len(gpus) > 1 and no_nvlink and get_zcopy not in ("y", "yes", "on", "1"):
-            problems.append(f"{name}: UCX_CUDA_IPC_ENABLE_GET_ZCOPY={get_zcopy or 'unset (auto)'} and GPU "
-                            f"{','.join(no_nvlink)} without an active NVLink: cuda_ipc GET is off, KV READs go over "
-                            "tcp")  # fmt: skip
+            problems.append(
+                f"{name}: UCX_CUDA_IPC_ENABLE_GET_ZCOPY={get_zcopy or 'unset (auto)'} and GPU "
+                f"{','.join(no_nvlink)} without an active NVLink: cuda_ipc GET is off, KV READs go over "
+                "tcp"
+            )
         tls = env.get("UCX_TLS")
         if tls:
             missing = [n for n in required_transports(expect) if not any(ucx_tls_allows(tls, a) for a in n.split("|"))]
@@ -136,24 +137,24 @@ def ucx_env(facts: Facts, expect: Expect) -> Outcome:
                 if gid is None or gid.get("type") != "RoCE v2" or not gid.get("ipv4"):
                     kind = f"{gid.get('type')} {gid.get('ipv4') or 'no IPv4'}" if gid else "absent"
                     problems.append(f"{name}: UCX_IB_GID_INDEX={gid_index} on {net} is {kind}, not a RoCE v2 IPv4 GID")
-        m = re.fullmatch(r"ucx-gpu(\d+)\.env", name)
-        if m and nets:
-            gpu_numa = numa.get(int(m.group(1)))
+        gpu_index = topology.gpu_of_env_name(name)
+        if gpu_index is not None and nets:
+            gpu_numa = numa.get(gpu_index)
             nic_numa = {(devices.get(n.partition(":")[0]) or {}).get("numa_node") for n in nets}
             if gpu_numa is None or None in nic_numa:
-                unknown.append(f"{name}: NUMA node of GPU {m.group(1)} or its NIC")
+                unknown.append(f"{name}: NUMA node of GPU {gpu_index} or its NIC")
             elif nic_numa != {gpu_numa}:
                 problems.append(
-                    f"{name}: GPU {m.group(1)} on NUMA {gpu_numa} but NIC {','.join(nets)} on {sorted(nic_numa)}"
+                    f"{name}: GPU {gpu_index} on NUMA {gpu_numa} but NIC {','.join(nets)} on {sorted(nic_numa)}"
                 )
         seen.append(f"{name}: {','.join(nets) or 'no NET_DEVICES'}")
     if problems:
         return fail(
-            _join(problems),
+            join_items(problems),
             "Re-run the ucx role (it picks each GPU's closest NIC from sysfs and the RoCE v2 GID index from the "
             "rdma_roce role, and sets UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y: ucx_cuda_ipc_get_zcopy); check "
             "`ibv_devinfo -v` and `show_gids` for the index of the rail address.",
         )
     if unknown:
-        return warn("cannot verify: " + _join(unknown), "Record the GPUs' and NICs' numa_node from sysfs.")
-    return ok(_join(seen, 4))
+        return warn("cannot verify: " + join_items(unknown), "Record the GPUs' and NICs' numa_node from sysfs.")
+    return ok(join_items(seen, 4))

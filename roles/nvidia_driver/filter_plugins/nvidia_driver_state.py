@@ -94,11 +94,17 @@ def nvidia_driver_state(driver: dict, dpkg_lines: list, smi_lines: list, pin: st
     where = f"module {version or 'not loaded'}" + (f" ({flavour})" if flavour else "")
     if packages:
         names = ", ".join(f"{p['name']} {p['version']}" for p in packages)
-        return out | {"state": "packaged", "manage": True,
-                      "message": f"driver from packages ({names}); {where}, pinned {pin}: the role manages it"}
+        return out | {
+            "state": "packaged",
+            "manage": True,
+            "message": f"driver from packages ({names}); {where}, pinned {pin}: the role manages it",
+        }
     if not loaded:
-        return out | {"state": "absent", "manage": True,
-                      "message": f"no NVIDIA module loaded and no driver package: the role installs {pin}"}
+        return out | {
+            "state": "absent",
+            "manage": True,
+            "message": f"no NVIDIA module loaded and no driver package: the role installs {pin}",
+        }
     problems = []
     if flavour != "open":
         problems.append(f"the {flavour or 'unknown'} kernel module is loaded, not the open one")
@@ -106,43 +112,61 @@ def nvidia_driver_state(driver: dict, dpkg_lines: list, smi_lines: list, pin: st
         problems.append(f"it is {version or 'of unknown version'}, the pin is {pin}")
     skew = sorted({v for v in userspace if v != version})
     if skew:
-        problems.append(f"nvidia-smi reports {', '.join(skew)} but the module is {version} (user space and kernel "
-                        "module apart: a half-finished upgrade)")  # fmt: skip
+        problems.append(
+            f"nvidia-smi reports {', '.join(skew)} but the module is {version} (user space and kernel "
+            "module apart: a half-finished upgrade)"
+        )
     if nouveau:
         problems.append("nouveau is loaded too")
     if problems:
         if problems == ["nouveau is loaded too"]:
-            return out | {"state": "unpackaged_mismatch", "manage": False,
-                          "message": f"a driver installed outside packages ({where}) is at the pin, but nouveau is "
-                                     "loaded too: blacklist nouveau (`blacklist nouveau` in /etc/modprobe.d, then "
-                                     "update-initramfs -u) and reboot; the role does not manage a driver it did not "
-                                     "install."}  # fmt: skip
+            return out | {
+                "state": "unpackaged_mismatch",
+                "manage": False,
+                "message": f"a driver installed outside packages ({where}) is at the pin, but nouveau is "
+                "loaded too: blacklist nouveau (`blacklist nouveau` in /etc/modprobe.d, then "
+                "update-initramfs -u) and reboot; the role does not manage a driver it did not "
+                "install.",
+            }
         remedy = []
         if flavour == "open" and version != pin and not skew:
             branch = version.split(".", 1)[0]
-            remedy.append(f"keep it: set nvidia_driver_version={version} (and nvidia_driver_branch={branch}; "
-                          "`pdinfra inventory init` writes both from the facts)")  # fmt: skip
-        remedy.append("or remove it with the tool that installed it (`nvidia-uninstall` for the .run installer) and "
-                      f"re-run this role to install {pin} from packages")  # fmt: skip
+            remedy.append(
+                f"keep it: set nvidia_driver_version={version} (and nvidia_driver_branch={branch}; "
+                "`pdinfra inventory init` writes both from the facts)"
+            )
+        remedy.append(
+            "or remove it with the tool that installed it (`nvidia-uninstall` for the .run installer) and "
+            f"re-run this role to install {pin} from packages"
+        )
         if skew:
             remedy.insert(0, "finish the upgrade that left them apart (reboot into the new module)")
-        return out | {"state": "unpackaged_mismatch", "manage": False,
-                      "message": f"a driver installed outside packages ({where}; no driver package in dpkg) does not "
-                                 f"match: {'; '.join(problems)}. The role does not install packages over a driver it "
-                                 f"did not install. {'; '.join(remedy)}."}  # fmt: skip
+        return out | {
+            "state": "unpackaged_mismatch",
+            "manage": False,
+            "message": f"a driver installed outside packages ({where}; no driver package in dpkg) does not "
+            f"match: {'; '.join(problems)}. The role does not install packages over a driver it "
+            f"did not install. {'; '.join(remedy)}.",
+        }
     smi = f"nvidia-smi {userspace[0]}" if userspace else "nvidia-smi not available: user space not compared"
     if persistence == "on":
         pers = "persistence mode on"
     elif persistence == "off":
-        pers = (f"persistence mode OFF on GPU {','.join(off)}: not changed here (the driver is not the package "
-                "manager's, nor its nvidia-persistenced unit): run nvidia-persistenced --persistence-mode as its "
-                "installer provides, or `nvidia-smi -pm 1`")  # fmt: skip
+        pers = (
+            f"persistence mode OFF on GPU {','.join(off)}: not changed here (the driver is not the package "
+            "manager's, nor its nvidia-persistenced unit): run nvidia-persistenced --persistence-mode as its "
+            "installer provides, or `nvidia-smi -pm 1`"
+        )
     else:
         pers = "persistence mode unknown (nvidia-smi not available)"
-    return out | {"state": "unpackaged_compliant", "manage": False, "reboot_needed": False,
-                  "message": f"open driver {version} installed outside packages (no driver package in dpkg), loaded "
-                             f"at the pin ({smi}; {pers}): left alone: nothing installed, pinned, held, blacklisted, "
-                             "restarted or rebooted"}  # fmt: skip
+    return out | {
+        "state": "unpackaged_compliant",
+        "manage": False,
+        "reboot_needed": False,
+        "message": f"open driver {version} installed outside packages (no driver package in dpkg), loaded "
+        f"at the pin ({smi}; {pers}): left alone: nothing installed, pinned, held, blacklisted, "
+        "restarted or rebooted",
+    }
 
 
 class FilterModule:

@@ -80,8 +80,9 @@ def seen_from(destination: str, ssh_client: str = "", route=source_address) -> l
     return out
 
 
-def controller_addresses(destination: str, ssh_client: str = "", covered: list[str] | tuple[str, ...] = (),
-                         route=source_address) -> list[str]:  # fmt: skip
+def controller_addresses(
+    destination: str, ssh_client: str = "", covered: list[str] | tuple[str, ...] = (), route=source_address
+) -> list[str]:
     """The controller's addresses as the node at ``destination`` sees them, minus those inside ``covered``."""
     nets = [ipaddress.ip_network(str(n), strict=False) for n in covered or ()]
     return [str(a) for a in seen_from(destination, ssh_client, route) if not any(a in n for n in nets)]

@@ -21,14 +21,13 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from pdinfra.host import topology
+
 try:  # pragma: no cover - exercised only inside Ansible
     from ansible.errors import AnsibleFilterError as _FilterError
 except ImportError:  # pragma: no cover - plain unit tests without Ansible
     _FilterError = ValueError
 
-DISTANCE_LABELS = ("PXB", "PHB", "NODE", "SYS")
-_BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_ROOT_RE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -36,45 +35,21 @@ def _error(msg: str) -> Exception:
     return _FilterError(msg)
 
 
-def _numa(dev: dict) -> int | None:
-    value = dev.get("numa_node")
-    if value is None or value == "":
-        return None
-    value = int(value)
-    return None if value < 0 else value
-
-
 def ucx_pcie_path(sysfs_path: str) -> list[str]:
-    """Turn a resolved sysfs device path into its PCIe hierarchy.
-
-    ``/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:18:00.0`` ->
-    ``["pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:18:00.0"]``. Non-PCI
-    components (e.g. ``/sys/devices``) are dropped.
-    """
-    parts = [p for p in str(sysfs_path).strip().split("/") if p]
-    return [p.lower() for p in parts if _ROOT_RE.match(p.lower()) or _BDF_RE.match(p.lower())]
+    """A resolved sysfs device path's PCIe hierarchy (pdinfra.host.topology.pcie_path)."""
+    return topology.pcie_path(sysfs_path)
 
 
 def ucx_pcie_distance(gpu: dict, nic: dict) -> tuple[int, str]:
-    """Return ``(score, label)``; lower score is closer."""
-    gpath, npath = gpu.get("pcie_path") or [], nic.get("pcie_path") or []
-    if gpath and npath:
-        # Compare the ancestors only (the devices themselves always differ).
-        common = 0
-        for a, b in zip(gpath[:-1], npath[:-1], strict=False):
-            if a != b:
-                break
-            common += 1
-        if common >= 2:  # share a root port, i.e. the same PCIe switch tree
-            return 0, DISTANCE_LABELS[0]
-        if common == 1:  # same host bridge / root complex
-            return 1, DISTANCE_LABELS[1]
-    elif gpu.get("pcie_switch") not in (None, "") and gpu.get("pcie_switch") == nic.get("pcie_switch"):
-        return 0, DISTANCE_LABELS[0]
-    gnuma, nnuma = _numa(gpu), _numa(nic)
-    if gnuma is not None and gnuma == nnuma:
-        return 2, DISTANCE_LABELS[2]
-    return 3, DISTANCE_LABELS[3]
+    """``(score, label)`` of a GPU and a NIC, lower is closer (pdinfra.host.topology.distance)."""
+    return topology.distance(
+        gpu.get("pcie_path") or [],
+        nic.get("pcie_path") or [],
+        gpu.get("numa_node"),
+        nic.get("numa_node"),
+        gpu.get("pcie_switch"),
+        nic.get("pcie_switch"),
+    )
 
 
 def _check_devices(gpus, nics) -> None:
@@ -117,27 +92,20 @@ def ucx_gpu_nic_map(gpus: list, nics: list, default_port: int = 1) -> list[dict]
             }
             for g in sorted(gpus, key=lambda g: int(g["index"]))
         ]
-    load = {nic["rdma_dev"]: 0 for nic in nics}
-    result = []
-    for gpu in sorted(gpus, key=lambda g: int(g["index"])):
-        ranked = []
-        for order, nic in enumerate(nics):
-            score, label = ucx_pcie_distance(gpu, nic)
-            ranked.append((score, load[nic["rdma_dev"]], order, label, nic))
-        score, _, _, label, nic = min(ranked, key=lambda r: r[:3])
-        load[nic["rdma_dev"]] += 1
-        result.append(
-            {
-                "gpu": int(gpu["index"]),
-                "gpu_pci": gpu.get("pci", ""),
-                "nic": nic["rdma_dev"],
-                "netdev": nic.get("netdev", ""),
-                "port": int(nic.get("port", default_port)),
-                "distance": label,
-                "score": score,
-            }
-        )
-    return result
+    ordered = sorted(gpus, key=lambda g: int(g["index"]))
+    picked = topology.assign(ordered, nics, ucx_pcie_distance)
+    return [
+        {
+            "gpu": int(gpu["index"]),
+            "gpu_pci": gpu.get("pci", ""),
+            "nic": nic["rdma_dev"],
+            "netdev": nic.get("netdev", ""),
+            "port": int(nic.get("port", default_port)),
+            "distance": label,
+            "score": score,
+        }
+        for gpu, (nic, score, label) in zip(ordered, picked, strict=True)
+    ]
 
 
 def ucx_net_devices(nics: list, default_port: int = 1) -> str:

@@ -4,7 +4,7 @@ figures of its SKU (``pdinfra.cluster.profiles.Acceptance``, each with its sourc
 What runs, live, on this host:
 
 - NCCL all-reduce and all-gather over all its GPUs (torch.distributed with NCCL from the serving venv, one process
-  per GPU: pdinfra.transfer.accept_worker), sizes 64 MiB to 16 GiB as far as free GPU memory and
+  per GPU: pdinfra.transfer.acceptance.worker), sizes 64 MiB to 16 GiB as far as free GPU memory and
   ``--acceptance-max-bytes`` allow; algbw and busbw computed as nccl-tests does (:func:`busbw_gbps`).
 - host->GPU and GPU->host copies per GPU from pinned memory on the GPU's NUMA node, GPU->GPU peer copies for every
   ordered pair.
@@ -34,21 +34,19 @@ from typing import Any
 
 from pdinfra.cluster.profiles import PROFILES, Acceptance, acceptance_for_gpus
 from pdinfra.host.checks import CheckResult
-from pdinfra.transfer import dcgm
-from pdinfra.transfer.fmt import GIB, MIB, fmt_bytes
-from pdinfra.transfer.rails import (  # noqa: F401 - the rail planning and perftest names, re-exported
-    CUDA_ORDER,
+from pdinfra.transfer.acceptance import dcgm
+from pdinfra.transfer.acceptance.rails import (
     RailPlan,
-    _probe,
-    ib_write_bw_argv,
     parse_ib_write_bw,
     perftest_status,
     plan_rails,
     rail_commands,
+    rail_probe,
     run_ib_pair,
     shown,
     sysfs_pcie_path,
 )
+from pdinfra.transfer.fmt import GIB, MIB, fmt_bytes
 
 PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
 LAYER = "acceptance"
@@ -93,7 +91,7 @@ class AcceptanceConfig:
     rdma_bytes: int = 8 * MIB  # azurehpc-health-checks' ib_write_bw message size
     rdma_tcp_port: int = 18510  # ib_write_bw's out-of-band port of the first rail (+1 per rail)
     rdma_timeout_s: float = 120.0
-    dcgm_level: int = 1  # dcgmi diag -r LEVEL where DCGM is installed (pdinfra.transfer.dcgm); 0 skips it
+    dcgm_level: int = 1  # dcgmi diag -r LEVEL where DCGM is installed (pdinfra.transfer.acceptance.dcgm); 0 skips it
 
 
 # --------------------------------------------------------------------------------------------------
@@ -164,13 +162,21 @@ def collective_rows(entry: dict[str, Any], op: str, ranks: int) -> list[dict[str
         if not secs:
             continue
         alg = algbw_gbps(row["bytes"], secs)
-        out.append({"bytes": row["bytes"], "iters": row.get("iters"), "seconds": secs, "algbw": alg,
-                    "busbw": busbw_gbps(op, alg, ranks)})  # fmt: skip
+        out.append(
+            {
+                "bytes": row["bytes"],
+                "iters": row.get("iters"),
+                "seconds": secs,
+                "algbw": alg,
+                "busbw": busbw_gbps(op, alg, ranks),
+            }
+        )
     return sorted(out, key=lambda r: r["bytes"])
 
 
-def _collective_check(op: str, entry: dict[str, Any], n: int, meas: dict[str, Any], acc: Acceptance | None,
-                      source: str, host: str) -> CheckResult:  # fmt: skip
+def _collective_check(
+    op: str, entry: dict[str, Any], n: int, meas: dict[str, Any], acc: Acceptance | None, source: str, host: str
+) -> CheckResult:
     cid, title = f"accept.nccl.{op}", f"NCCL {OP_NAME[op]} bus bandwidth over the host's GPUs (nccl-tests' busbw)"
 
     def res(verdict: str, evidence: str, remedy: str = "") -> CheckResult:
@@ -181,23 +187,35 @@ def _collective_check(op: str, entry: dict[str, Any], n: int, meas: dict[str, An
     rows = collective_rows(entry, op, n)
     skipped = "; ".join(f"{fmt_bytes(s['bytes'])}: {s['why']}" for s in entry.get("skipped") or [])
     if not rows:
-        return res(WARN, f"no size measured ({skipped or 'nothing planned'})",
-                   "free GPU memory (stop the serving instances: pdinfra down) or lower --acceptance-max-bytes")
+        return res(
+            WARN,
+            f"no size measured ({skipped or 'nothing planned'})",
+            "free GPU memory (stop the serving instances: pdinfra down) or lower --acceptance-max-bytes",
+        )
     if entry.get("validated") is False:
-        return res(FAIL, f"NCCL {OP_NAME[op]} returned wrong values on {n} GPUs (checked at "
-                   f"{fmt_bytes(rows[0]['bytes'])})", "check GPU ECC and Xid errors (gpu.ecc, gpu.xid), then NVLink")
+        return res(
+            FAIL,
+            f"NCCL {OP_NAME[op]} returned wrong values on {n} GPUs (checked at {fmt_bytes(rows[0]['bytes'])})",
+            "check GPU ECC and Xid errors (gpu.ecc, gpu.xid), then NVLink",
+        )
     top = rows[-1]
     nccl = f"NCCL {meas.get('nccl') or '?'} (torch {meas.get('torch') or '?'})"
     if n == 1:
-        return res(NA, (
-            f"{nccl} initialised and ran {OP_NAME[op]} on 1 rank (GPU 0, {fmt_bytes(top['bytes'])}, {top['iters']} "
-            f"timed iterations, {top['algbw']:.0f} GB/s algbw with nothing leaving the GPU, results checked): "
-            "torch, NCCL, the driver and the GPU work together; busbw is 0 by nccl-tests' formula (factor "
-            f"{'2(n-1)/n' if op == 'all_reduce' else '(n-1)/n'} = 0 for n = 1): no link was crossed, so this says "
-            "nothing about NVLink or the NVSwitch fabric"))  # fmt: skip
+        return res(
+            NA,
+            (
+                f"{nccl} initialised and ran {OP_NAME[op]} on 1 rank (GPU 0, {fmt_bytes(top['bytes'])}, {top['iters']} "
+                f"timed iterations, {top['algbw']:.0f} GB/s algbw with nothing leaving the GPU, results checked): "
+                "torch, NCCL, the driver and the GPU work together; busbw is 0 by nccl-tests' formula (factor "
+                f"{'2(n-1)/n' if op == 'all_reduce' else '(n-1)/n'} = 0 for n = 1): no link was crossed, so this says "
+                "nothing about NVLink or the NVSwitch fabric"
+            ),
+        )
     ladder = ", ".join(f"{fmt_bytes(r['bytes'])} {r['busbw']:.0f}" for r in rows)
-    evidence = (f"busbw GB/s by size on {n} GPUs: {ladder}; at {fmt_bytes(top['bytes'])} {top['algbw']:.1f} GB/s "
-                f"algbw, {top['busbw']:.1f} GB/s busbw ({top['iters']} iterations; {nccl})")  # fmt: skip
+    evidence = (
+        f"busbw GB/s by size on {n} GPUs: {ladder}; at {fmt_bytes(top['bytes'])} {top['algbw']:.1f} GB/s "
+        f"algbw, {top['busbw']:.1f} GB/s busbw ({top['iters']} iterations; {nccl})"
+    )
     if skipped:
         evidence += f"; not run: {skipped}"
     fig = _figure(acc, f"{op}_busbw_gbps")
@@ -206,16 +224,27 @@ def _collective_check(op: str, entry: dict[str, Any], n: int, meas: dict[str, An
     if fig is None:
         return res(WARN, f"{evidence}; not judged: {acc.sku} has no sourced {OP_NAME[op]} figure", "")
     if n != acc.collective_gpus:
-        return res(WARN, f"{evidence}; not judged: the {fig:.0f} GB/s figure of {source} is for "
-                   f"{acc.collective_gpus} GPUs, this host has {n}", "")  # fmt: skip
+        return res(
+            WARN,
+            f"{evidence}; not judged: the {fig:.0f} GB/s figure of {source} is for "
+            f"{acc.collective_gpus} GPUs, this host has {n}",
+            "",
+        )
     at = next((r for r in rows if r["bytes"] == acc.collective_bytes), None)
     if at is None:
-        return res(WARN, f"{evidence}; not judged: the {fig:.0f} GB/s figure is for {fmt_bytes(acc.collective_bytes)}"
-                   ", which did not run", "free GPU memory or raise --acceptance-max-bytes to 16GiB")  # fmt: skip
+        return res(
+            WARN,
+            f"{evidence}; not judged: the {fig:.0f} GB/s figure is for {fmt_bytes(acc.collective_bytes)}"
+            ", which did not run",
+            "free GPU memory or raise --acceptance-max-bytes to 16GiB",
+        )
     verdict = PASS if at["busbw"] >= fig else FAIL
     rel = ">=" if verdict == PASS else "<"
-    return res(verdict, f"{evidence}; {at['busbw']:.1f} {rel} {fig:.0f} GB/s at {fmt_bytes(at['bytes'])} ({source})",
-               REMEDY_NCCL)
+    return res(
+        verdict,
+        f"{evidence}; {at['busbw']:.1f} {rel} {fig:.0f} GB/s at {fmt_bytes(at['bytes'])} ({source})",
+        REMEDY_NCCL,
+    )
 
 
 def _copy_checks(meas: dict[str, Any], n: int, acc: Acceptance | None, source: str, host: str) -> list[CheckResult]:
@@ -224,8 +253,16 @@ def _copy_checks(meas: dict[str, Any], n: int, acc: Acceptance | None, source: s
     title_h = "Host<->GPU copy bandwidth (pinned host memory, copy engine)"
     title_p = "GPU->GPU peer copy bandwidth"
     if copies.get("error"):
-        return [_check("accept.copies", "Host<->GPU and GPU->GPU copies", FAIL, f"copies did not run: "
-                       f"{copies['error']}", REMEDY_PCIE, host)]  # fmt: skip
+        return [
+            _check(
+                "accept.copies",
+                "Host<->GPU and GPU->GPU copies",
+                FAIL,
+                f"copies did not run: {copies['error']}",
+                REMEDY_PCIE,
+                host,
+            )
+        ]
     size = fmt_bytes(int(copies.get("bytes") or 0))
     for g in range(n):
         h2d, d2h = (copies.get("h2d") or {}).get(str(g)), (copies.get("d2h") or {}).get(str(g))
@@ -238,16 +275,18 @@ def _copy_checks(meas: dict[str, Any], n: int, acc: Acceptance | None, source: s
         fh, fd = _figure(acc, "h2d_gbps"), _figure(acc, "d2h_gbps")
         if fh is None or fd is None:
             why = source if acc is None else f"{acc.sku} has no host<->GPU figure"
-            out.append(_check(cid, title_h, WARN, f"{evidence}; not judged: {why}", NO_FIGURE if acc is None else "",
-                              host))  # fmt: skip
+            out.append(
+                _check(cid, title_h, WARN, f"{evidence}; not judged: {why}", NO_FIGURE if acc is None else "", host)
+            )
             continue
         low = [f"{k} {v:.1f} < {f:.0f}" for k, v, f in (("H2D", h2d, fh), ("D2H", d2h, fd)) if v < f]
         verdict = FAIL if low else PASS
         tail = ("; " + ", ".join(low) + " GB/s") if low else f"; both >= {min(fh, fd):.0f} GB/s"
         out.append(_check(cid, title_h, verdict, f"{evidence}{tail} ({source})", REMEDY_PCIE, host))
     if n < 2:
-        out.append(_check("accept.p2p", title_p, NA, "one GPU: no pair to copy between (NVLink is not exercised)", "",
-                          host))  # fmt: skip
+        out.append(
+            _check("accept.p2p", title_p, NA, "one GPU: no pair to copy between (NVLink is not exercised)", "", host)
+        )
         return out
     p2p = copies.get("p2p") or {}
     access = copies.get("peer_access") or {}
@@ -257,18 +296,21 @@ def _copy_checks(meas: dict[str, Any], n: int, acc: Acceptance | None, source: s
         cid = f"accept.p2p gpu{src}"
         missing = [d for d, v in figs.items() if v is None]
         if missing:
-            out.append(_check(cid, title_p, FAIL, f"not measured to GPU {', '.join(map(str, missing))}", REMEDY_P2P,
-                              host))  # fmt: skip
+            out.append(
+                _check(cid, title_p, FAIL, f"not measured to GPU {', '.join(map(str, missing))}", REMEDY_P2P, host)
+            )
             continue
         worst = min(figs, key=lambda d: figs[d])
         listing = ", ".join(f"->{d} {v:.0f}" for d, v in figs.items())
         no_peer = [str(d) for d in figs if access.get(f"{src}->{d}") is False]
-        evidence = (f"{listing} GB/s ({size} copy_, the source's copy engine); min {figs[worst]:.1f} (->{worst})"
-                    + (f"; no peer access to GPU {', '.join(no_peer)} (staged through the host)" if no_peer else ""))
+        evidence = f"{listing} GB/s ({size} copy_, the source's copy engine); min {figs[worst]:.1f} (->{worst})" + (
+            f"; no peer access to GPU {', '.join(no_peer)} (staged through the host)" if no_peer else ""
+        )
         if fig is None:
             why = source if acc is None else f"{acc.sku} has no peer-copy figure"
-            out.append(_check(cid, title_p, WARN, f"{evidence}; not judged: {why}", NO_FIGURE if acc is None else "",
-                              host))  # fmt: skip
+            out.append(
+                _check(cid, title_p, WARN, f"{evidence}; not judged: {why}", NO_FIGURE if acc is None else "", host)
+            )
             continue
         low = [f"->{d} {v:.0f}" for d, v in figs.items() if v < fig]
         verdict = FAIL if low else PASS
@@ -296,22 +338,43 @@ def _rdma_checks(rdma: dict[str, Any], acc: Acceptance | None, source: str, host
         result = r.get("result")
         if not result:
             tail = (r.get("output") or "").strip().splitlines()[-3:]
-            out.append(_check(cid, title, FAIL, f"{where}: no ib_write_bw report ({r.get('error') or 'rc '}"
-                              f"{r.get('rc')}): {' | '.join(tail)}; {cmd}", REMEDY_RDMA, host))  # fmt: skip
+            out.append(
+                _check(
+                    cid,
+                    title,
+                    FAIL,
+                    f"{where}: no ib_write_bw report ({r.get('error') or 'rc '}"
+                    f"{r.get('rc')}): {' | '.join(tail)}; {cmd}",
+                    REMEDY_RDMA,
+                    host,
+                )
+            )
             continue
         got = result["gbits"]
-        evidence = (f"{where}, {'peer ' + str(rdma.get('peer')) if rdma.get('peer') else 'loopback'}: {got:.1f} Gb/s "
-                    f"average at {fmt_bytes(result['bytes'])} ({result['iterations']} iterations"
-                    + (f", MTU {result['mtu']}" if result.get("mtu") else "") + ")")
+        evidence = (
+            f"{where}, {'peer ' + str(rdma.get('peer')) if rdma.get('peer') else 'loopback'}: {got:.1f} Gb/s "
+            f"average at {fmt_bytes(result['bytes'])} ({result['iterations']} iterations"
+            + (f", MTU {result['mtu']}" if result.get("mtu") else "")
+            + ")"
+        )
         rail_gbits = plan.rate_gbits
         if fig is None:
             why = source if acc is None else f"{acc.sku} has no rail figure"
-            out.append(_check(cid, title, WARN, f"{evidence}; not judged: {why}", NO_FIGURE if acc is None else "",
-                              host))  # fmt: skip
+            out.append(
+                _check(cid, title, WARN, f"{evidence}; not judged: {why}", NO_FIGURE if acc is None else "", host)
+            )
         elif rail_gbits is not None and rail_gbits != acc.rdma_rail_gbits:
-            out.append(_check(cid, title, WARN, f"{evidence}; not judged: the {fig:.0f} Gb/s figure is for a "
-                              f"{acc.rdma_rail_gbits}G rail, this port runs at {rail_gbits:.0f} Gb/s",
-                              "check the port's speed (rdma.speed) if it should be 400G", host))  # fmt: skip
+            out.append(
+                _check(
+                    cid,
+                    title,
+                    WARN,
+                    f"{evidence}; not judged: the {fig:.0f} Gb/s figure is for a "
+                    f"{acc.rdma_rail_gbits}G rail, this port runs at {rail_gbits:.0f} Gb/s",
+                    "check the port's speed (rdma.speed) if it should be 400G",
+                    host,
+                )
+            )
         else:
             verdict = PASS if got >= fig else FAIL
             rel = ">=" if verdict == PASS else "<"
@@ -322,24 +385,54 @@ def _rdma_checks(rdma: dict[str, Any], acc: Acceptance | None, source: str, host
 def to_checks(report: dict[str, Any]) -> list[CheckResult]:
     """The report (as :func:`run` writes it, or read back from --acceptance-output) judged row by row."""
     host = str(report.get("host") or "")
-    acc = Acceptance(**{**report["thresholds"], "gpu_names": tuple(report["thresholds"]["gpu_names"]),
-                        "sources": tuple(tuple(s) for s in report["thresholds"]["sources"])}) \
-        if report.get("thresholds") else None  # fmt: skip
+    acc = (
+        Acceptance(
+            **{
+                **report["thresholds"],
+                "gpu_names": tuple(report["thresholds"]["gpu_names"]),
+                "sources": tuple(tuple(s) for s in report["thresholds"]["sources"]),
+            }
+        )
+        if report.get("thresholds")
+        else None
+    )
     source = str(report.get("threshold_source") or "")
     n = int(report.get("gpus") or 0)
     if n == 0:
         why = str(report.get("gpus_reason") or "NVML reports none")
         if "not installed" in why:  # the GPUs may be there: this Python cannot see them, which is not "none"
-            return [_check("accept.gpus", "Bandwidth acceptance", WARN, f"cannot see the GPUs: {why}",
-                           "pip install nvidia-ml-py, or run it with the serving venv's Python", host)]  # fmt: skip
+            return [
+                _check(
+                    "accept.gpus",
+                    "Bandwidth acceptance",
+                    WARN,
+                    f"cannot see the GPUs: {why}",
+                    "pip install nvidia-ml-py, or run it with the serving venv's Python",
+                    host,
+                )
+            ]
         return [_check("accept.gpus", "Bandwidth acceptance", NA, f"no GPUs: nothing to accept ({why})", "", host)]
     meas = report.get("measurement") or {}
     out: list[CheckResult] = []
     if meas.get("error"):
-        remedy = ("run it with the serving venv's Python, which has torch (e.g. /opt/pdinfra/venv/bin/python -m "
-                  "pdinfra validate --acceptance)") if meas.get("missing") == "torch" else REMEDY_NCCL
-        out.append(_check("accept.nccl", "NCCL collectives and CUDA copies", FAIL,
-                          f"could not measure: {meas['error']}", remedy, host))  # fmt: skip
+        remedy = (
+            (
+                "run it with the serving venv's Python, which has torch (e.g. /opt/pdinfra/venv/bin/python -m "
+                "pdinfra validate --acceptance)"
+            )
+            if meas.get("missing") == "torch"
+            else REMEDY_NCCL
+        )
+        out.append(
+            _check(
+                "accept.nccl",
+                "NCCL collectives and CUDA copies",
+                FAIL,
+                f"could not measure: {meas['error']}",
+                remedy,
+                host,
+            )
+        )
     else:
         for op in OPS:
             entry = (meas.get("collectives") or {}).get(op)
@@ -383,24 +476,37 @@ def measurement_plan(facts: dict[str, Any], cfg: AcceptanceConfig) -> dict[str, 
     if n == 1:  # one rank crosses no link: one size shows that NCCL runs, more would show nothing more
         sizes = sizes[:1]
     return {
-        "gpus": n, "ops": list(OPS), "sizes": sizes, "max_bytes": cfg.max_bytes, "warmup": cfg.warmup,
-        "iters": cfg.iters, "op_cap_s": cfg.op_cap_s, "copy_bytes": cfg.copy_bytes, "copy_warmup": cfg.copy_warmup,
-        "copy_iters": cfg.copy_iters, "timeout_s": cfg.timeout_s,
+        "gpus": n,
+        "ops": list(OPS),
+        "sizes": sizes,
+        "max_bytes": cfg.max_bytes,
+        "warmup": cfg.warmup,
+        "iters": cfg.iters,
+        "op_cap_s": cfg.op_cap_s,
+        "copy_bytes": cfg.copy_bytes,
+        "copy_warmup": cfg.copy_warmup,
+        "copy_iters": cfg.copy_iters,
+        "timeout_s": cfg.timeout_s,
         "cpus": {str(k): v for k, v in _gpu_cpus(facts).items()},
-    }  # fmt: skip
+    }
 
 
 def _which(name: str) -> str | None:
     return shutil.which(name)
 
 
-def rdma_section(facts: dict[str, Any], cfg: AcceptanceConfig, rdma_exec: Callable[..., dict[str, Any]] | None = None,
-                 which: Callable[[str], str | None] | None = None, probe: Callable[[list[str]], str] | None = None,
-                 pcie_path: Callable[[str], list[str]] | None = None,
-                 progress: Any = None) -> dict[str, Any]:  # fmt: skip
+def rdma_section(
+    facts: dict[str, Any],
+    cfg: AcceptanceConfig,
+    rdma_exec: Callable[..., dict[str, Any]] | None = None,
+    which: Callable[[str], str | None] | None = None,
+    probe: Callable[[list[str]], str] | None = None,
+    pcie_path: Callable[[str], list[str]] | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
     """The rails' plan and, with ``cfg.rdma``, their ib_write_bw results (``rdma_exec``, ``which`` and ``probe``
     default to running perftest, looking programs up on PATH and reading a program's --help)."""
-    which, probe = which or _which, probe or _probe
+    which, probe = which or _which, probe or rail_probe
     rails, why = plan_rails(facts, pcie_path)
     section: dict[str, Any] = {"peer": cfg.peer, "rails": []}
     if not rails:
@@ -425,8 +531,10 @@ def rdma_section(facts: dict[str, Any], cfg: AcceptanceConfig, rdma_exec: Callab
     run_pair = rdma_exec or run_ib_pair
     for r in section["rails"]:
         if progress:
-            progress(f"ib_write_bw {r['rail']['rdma_dev']} with GPU {r['rail']['gpu']}"
-                     + (f" against {cfg.peer}" if cfg.peer else " (loopback)"))  # fmt: skip
+            progress(
+                f"ib_write_bw {r['rail']['rdma_dev']} with GPU {r['rail']['gpu']}"
+                + (f" against {cfg.peer}" if cfg.peer else " (loopback)")
+            )
         got = run_pair(r["server"], r["client"], cfg.rdma_timeout_s)
         r["rc"] = got.get("client_rc")
         r["output"] = got.get("client", "")
@@ -435,12 +543,19 @@ def rdma_section(facts: dict[str, Any], cfg: AcceptanceConfig, rdma_exec: Callab
     return section
 
 
-def run(facts: dict[str, Any], cfg: AcceptanceConfig | None = None, *, hardware: str | None = None,
-        measure: Callable[..., dict[str, Any]] | None = None, rdma_exec: Callable[..., dict[str, Any]] | None = None,
-        dcgm_exec: Callable[[list[str], float], tuple[int, str]] | None = None,
-        which: Callable[[str], str | None] | None = None, probe: Callable[[list[str]], str] | None = None,
-        pcie_path: Callable[[str], list[str]] | None = sysfs_pcie_path,
-        progress: Any = None) -> tuple[list[CheckResult], dict[str, Any]]:  # fmt: skip
+def run(
+    facts: dict[str, Any],
+    cfg: AcceptanceConfig | None = None,
+    *,
+    hardware: str | None = None,
+    measure: Callable[..., dict[str, Any]] | None = None,
+    rdma_exec: Callable[..., dict[str, Any]] | None = None,
+    dcgm_exec: Callable[[list[str], float], tuple[int, str]] | None = None,
+    which: Callable[[str], str | None] | None = None,
+    probe: Callable[[list[str]], str] | None = None,
+    pcie_path: Callable[[str], list[str]] | None = sysfs_pcie_path,
+    progress: Any = None,
+) -> tuple[list[CheckResult], dict[str, Any]]:
     """Measure this host and judge it: (check results, the JSON-ready report)."""
     cfg = cfg or AcceptanceConfig()
     gpus = facts.get("gpus") or {}
@@ -464,7 +579,7 @@ def run(facts: dict[str, Any], cfg: AcceptanceConfig | None = None, *, hardware:
             progress(f"acceptance figures: {source}")
         plan = measurement_plan({**facts, "gpus": {**gpus, "count": n}}, cfg)
         if measure is None:
-            from pdinfra.transfer.accept_worker import measure_local as measure
+            from pdinfra.transfer.acceptance.worker import measure_local as measure
         report["measurement"] = measure(plan, progress)
         report["rdma"] = rdma_section(facts, cfg, rdma_exec, which, probe, pcie_path, progress)
         if progress and cfg.dcgm_level > 0:
@@ -496,12 +611,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-bytes", help="cap on a collective's size, e.g. 4GiB (default: 16GiB, or free memory)")
     ap.add_argument("--rdma", action="store_true", help="run the per-rail ib_write_bw commands (else only listed)")
     ap.add_argument("--peer", help="with --rdma: run each rail's server on this SSH destination, not in loopback")
-    ap.add_argument("--hardware", help="hardware profile whose figures apply (default: the node's cluster.json, "
-                    "else the SKU the GPU names match)")  # fmt: skip
+    ap.add_argument(
+        "--hardware",
+        help="hardware profile whose figures apply (default: the node's cluster.json, "
+        "else the SKU the GPU names match)",
+    )
     ap.add_argument("--cluster", default=NODE_FILE, help="the node's cluster model (for its hardware profile)")
     ap.add_argument("--output", "-o", help="also write the report (JSON) to this file")
-    ap.add_argument("--dcgm-level", type=int, default=1, choices=range(5),
-                    help="dcgmi diag -r LEVEL where DCGM is installed (default 1; 0 skips it)")
+    ap.add_argument(
+        "--dcgm-level",
+        type=int,
+        default=1,
+        choices=range(5),
+        help="dcgmi diag -r LEVEL where DCGM is installed (default 1; 0 skips it)",
+    )
     args = ap.parse_args(argv)
     try:
         max_bytes = parse_size(args.max_bytes) if args.max_bytes else None

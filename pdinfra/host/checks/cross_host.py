@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdinfra.host.checks.common import _join
+from pdinfra.host.checks.common import join_items
 from pdinfra.host.checks.registry import CheckResult, Facts, Outcome, fail, na, ok
 from pdinfra.host.checks.serving import pd_consistency_problems
 
@@ -34,7 +34,7 @@ def fleet_pd_consistency(all_facts: list[Facts]) -> Outcome:
     problems = pd_consistency_problems(instances, len(all_facts))
     if problems:
         return fail(
-            _join(problems),
+            join_items(problems),
             "Make every instance serve the same model/dtype/block size/connector and "
             "advertise a routable side_channel_host.",
         )

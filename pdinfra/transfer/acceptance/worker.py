@@ -77,9 +77,12 @@ def _rank_main(rank: int, world: int, port: int, cfg: dict[str, Any], queue: Any
         dev = torch.device("cuda", rank)
         out["device_name"] = torch.cuda.get_device_name(rank)
         dist.init_process_group(
-            "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+            "nccl",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
             timeout=timedelta(seconds=float(cfg["timeout_s"])),
-        )  # fmt: skip
+        )
         try:
             free, _total = torch.cuda.mem_get_info(rank)
             t = torch.tensor([int(free)], dtype=torch.int64, device=dev)
@@ -97,8 +100,9 @@ def _rank_main(rank: int, world: int, port: int, cfg: dict[str, Any], queue: Any
     queue.put(out)
 
 
-def _run_op(torch: Any, dist: Any, dev: Any, op: str, rank: int, world: int, free_min: int,
-            cfg: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _run_op(
+    torch: Any, dist: Any, dev: Any, op: str, rank: int, world: int, free_min: int, cfg: dict[str, Any]
+) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
     validated: bool | None = None
@@ -109,8 +113,9 @@ def _run_op(torch: Any, dist: Any, dev: Any, op: str, rank: int, world: int, fre
             continue
         need = _bytes_needed(op, size, world)
         if need > free_min * MEM_FRACTION:
-            skipped.append({"bytes": size, "why": f"needs {_gib(need)} per GPU, {_gib(free_min)} free on the "
-                            "emptiest GPU"})  # fmt: skip
+            skipped.append(
+                {"bytes": size, "why": f"needs {_gib(need)} per GPU, {_gib(free_min)} free on the emptiest GPU"}
+            )
             continue
         if op == "all_reduce":
             buf = torch.empty(size // 4, dtype=torch.float32, device=dev)
@@ -319,8 +324,13 @@ def measure_local(plan: dict[str, Any], progress: Any = None) -> dict[str, Any]:
             entry["skipped"] = per_rank[0]["skipped"]
             entry["validated"] = all(p["validated"] is not False for p in per_rank) if per_rank[0]["rows"] else None
             for i, row in enumerate(per_rank[0]["rows"]):
-                entry["rows"].append({"bytes": row["bytes"], "iters": row["iters"],
-                                      "rank_seconds": [p["rows"][i]["seconds"] for p in per_rank]})  # fmt: skip
+                entry["rows"].append(
+                    {
+                        "bytes": row["bytes"],
+                        "iters": row["iters"],
+                        "rank_seconds": [p["rows"][i]["seconds"] for p in per_rank],
+                    }
+                )
         result["collectives"][op] = entry
     if errors and got and got[0].get("traceback"):
         result["traceback"] = got[0]["traceback"]

@@ -97,9 +97,12 @@ def parse(text: str) -> dict[str, Any] | None:
     return {"version": root.get("version"), "tests": out}
 
 
-def section(level: int, which: Callable[[str], str | None] = shutil.which,
-            execute: Callable[[list[str], float], tuple[int, str]] | None = None,
-            timeout_s: float = 1800.0) -> dict[str, Any]:  # fmt: skip
+def section(
+    level: int,
+    which: Callable[[str], str | None] = shutil.which,
+    execute: Callable[[list[str], float], tuple[int, str]] | None = None,
+    timeout_s: float = 1800.0,
+) -> dict[str, Any]:
     """Run dcgmi diag when it is installed and level > 0: the report's ``dcgm`` section."""
     argv = diag_argv(level)
     if level <= 0:
@@ -131,8 +134,12 @@ def to_check(sec: dict[str, Any], host: str) -> CheckResult | None:
     level = sec.get("level")
     if not parsed:
         said = " ".join(str(sec.get("output") or "").split())[:300] or "no output"
-        return _result(WARN, f"cannot verify: `{sec.get('command')}` exited {sec.get('rc')} with no test result: "
-                       f"{said}", REMEDY_UNKNOWN, host)  # fmt: skip
+        return _result(
+            WARN,
+            f"cannot verify: `{sec.get('command')}` exited {sec.get('rc')} with no test result: {said}",
+            REMEDY_UNKNOWN,
+            host,
+        )
     tests = parsed["tests"]
     bad = {n: t for n, t in tests.items() if t["status"] in (FAIL, WARN)}
     skipped = sorted(n for n, t in tests.items() if t["status"] == "skip")
@@ -151,5 +158,6 @@ def to_check(sec: dict[str, Any], host: str) -> CheckResult | None:
 
 
 def _result(verdict: str, evidence: str, remedy: str, host: str) -> CheckResult:
-    return CheckResult(id=CHECK_ID, layer="acceptance", title=TITLE, verdict=verdict, evidence=evidence,
-                       remedy=remedy, host=host)  # fmt: skip
+    return CheckResult(
+        id=CHECK_ID, layer="acceptance", title=TITLE, verdict=verdict, evidence=evidence, remedy=remedy, host=host
+    )

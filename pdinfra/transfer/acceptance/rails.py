@@ -11,10 +11,16 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from pdinfra.transfer.acceptance import AcceptanceConfig
+from pdinfra.host import topology
+
+
+class RailSettings(Protocol):
+    """What the perftest commands read of an acceptance configuration (pdinfra.transfer.acceptance)."""
+
+    rdma_bytes: int
+
 
 # --------------------------------------------------------------------------------------------------
 # perftest: the rails, the commands, the report
@@ -76,25 +82,9 @@ def sysfs_pcie_path(bdf: str) -> list[str]:
     return pci_path(Host("/"), bdf) or []
 
 
-def _distance(gpath: list[str], npath: list[str], gnuma: Any, nnuma: Any) -> tuple[int, str]:
-    """nvidia-smi topo's classes, closest first: PXB (a PCIe switch in common), PHB, NODE (same NUMA node), SYS."""
-    if gpath and npath:
-        common = 0
-        for a, b in zip(gpath[:-1], npath[:-1], strict=False):
-            if a != b:
-                break
-            common += 1
-        if common >= 2:
-            return 0, "PXB"
-        if common == 1:
-            return 1, "PHB"
-    if gnuma is not None and gnuma >= 0 and gnuma == nnuma:
-        return 2, "NODE"
-    return 3, "SYS"
-
-
-def plan_rails(facts: dict[str, Any],
-               pcie_path: Callable[[str], list[str]] | None = None) -> tuple[list[RailPlan], str]:  # fmt: skip
+def plan_rails(
+    facts: dict[str, Any], pcie_path: Callable[[str], list[str]] | None = None
+) -> tuple[list[RailPlan], str]:
     """Each rail NIC (the declared rails, else every RDMA device with an ACTIVE port) with its GPU; the reason when
     there is none. The GPU: the one whose ``/etc/pdinfra/ucx-gpu<N>.env`` names the NIC (the ucx role's PCIe
     affinity), else the closest by PCIe path and NUMA node, GPUs spread evenly over equally close NICs."""
@@ -119,25 +109,25 @@ def plan_rails(facts: dict[str, Any],
     env_files = (facts.get("ucx") or {}).get("env_files") or {}
     by_env: dict[str, tuple[int, str | None, str]] = {}
     for name, env in sorted(env_files.items()):
-        m = re.fullmatch(r"ucx-gpu(\d+)\.env", name)
+        gpu_index = topology.gpu_of_env_name(name)
         nets = [x for x in (env.get("UCX_NET_DEVICES") or "").split(",") if ":" in x]
-        if m and nets:
-            by_env.setdefault(nets[0].partition(":")[0], (int(m.group(1)), env.get("UCX_IB_GID_INDEX"), name))
+        if gpu_index is not None and nets:
+            by_env.setdefault(nets[0].partition(":")[0], (gpu_index, env.get("UCX_IB_GID_INDEX"), name))
     modules = (facts.get("modules") or {}).get("loaded") or {}
     peermem = bool(modules.get("nvidia_peermem") or modules.get("nv_peer_mem"))
     gnuma = {int(g.get("index", 0)): ((g.get("pcie") or {}).get("sysfs") or {}).get("numa_node") for g in gpus}
-    load = {d["name"]: 0 for d, _ in ports}
-    gpu_nic: dict[int, tuple[str, str]] = {}
-    for g in sorted(gpus, key=lambda g: int(g.get("index", 0))):
+    order = sorted(gpus, key=lambda g: int(g.get("index", 0)))
+
+    def score(g: dict[str, Any], port: tuple[dict[str, Any], dict[str, Any]]) -> tuple[int, str]:
+        d = port[0]
         gpath = pcie_path(g["bus_id"]) if pcie_path and g.get("bus_id") else []
-        ranked = []
-        for order, (d, _) in enumerate(ports):
-            npath = pcie_path(d["pci"]) if pcie_path and d.get("pci") else []
-            score, label = _distance(gpath, npath, gnuma[int(g.get("index", 0))], d.get("numa_node"))
-            ranked.append((score, load[d["name"]], order, label, d["name"]))
-        score, _, _, label, nic = min(ranked)
-        load[nic] += 1
-        gpu_nic[int(g.get("index", 0))] = (nic, label)
+        npath = pcie_path(d["pci"]) if pcie_path and d.get("pci") else []
+        return topology.distance(gpath, npath, gnuma[int(g.get("index", 0))], d.get("numa_node"))
+
+    gpu_nic = {
+        int(g.get("index", 0)): (port[0]["name"], label)
+        for g, (port, _, label) in zip(order, topology.assign(order, ports, score), strict=True)
+    }
     rails: list[RailPlan] = []
     for d, p in ports:
         name = d["name"]
@@ -148,21 +138,30 @@ def plan_rails(facts: dict[str, Any],
             if mine:
                 gpu, how = mine[0][0], f"closest GPU ({mine[0][1]})"
             else:  # more NICs than GPUs: the closest GPU serves this one too
-                gpu = min(gnuma, key=lambda i: (_distance([], [], gnuma[i], d.get("numa_node"))[0], i))
-                how = f"closest GPU ({_distance([], [], gnuma[gpu], d.get('numa_node'))[1]}, shared)"
+                gpu = min(gnuma, key=lambda i: (topology.distance([], [], gnuma[i], d.get("numa_node"))[0], i))
+                how = f"closest GPU ({topology.distance([], [], gnuma[gpu], d.get('numa_node'))[1]}, shared)"
             gid_wanted = None
         dev_cuda = next((g.get("cuda") or {} for g in gpus if int(g.get("index", 0)) == gpu), {})
-        rails.append(RailPlan(
-            rdma_dev=name, port=int(p.get("port") or 1), gpu=gpu, netdev=(_dev_netdevs(d) or [""])[0],
-            link_layer=str(p.get("link_layer") or ""), rate_gbits=_rate_gbits(p.get("rate")),
-            gid_index=_gid_index(p, gid_wanted), numa=d.get("numa_node"), how=how,
-            dmabuf=not peermem and bool(dev_cuda.get("dma_buf_supported")),
-        ))  # fmt: skip
+        rails.append(
+            RailPlan(
+                rdma_dev=name,
+                port=int(p.get("port") or 1),
+                gpu=gpu,
+                netdev=(_dev_netdevs(d) or [""])[0],
+                link_layer=str(p.get("link_layer") or ""),
+                rate_gbits=_rate_gbits(p.get("rate")),
+                gid_index=_gid_index(p, gid_wanted),
+                numa=d.get("numa_node"),
+                how=how,
+                dmabuf=not peermem and bool(dev_cuda.get("dma_buf_supported")),
+            )
+        )
     return rails, ""
 
 
-def ib_write_bw_argv(rail: RailPlan, tcp_port: int, cfg: AcceptanceConfig, server: str | None = None,
-                     numactl: bool = False) -> list[str]:  # fmt: skip
+def ib_write_bw_argv(
+    rail: RailPlan, tcp_port: int, cfg: RailSettings, server: str | None = None, numactl: bool = False
+) -> list[str]:
     """azurehpc-health-checks' check_ib_bw_gdr command (customTests/azure_ib_write_bw_gdr.nhc) for one rail: 8 MiB
     RDMA writes between CUDA buffers on the rail's GPU, ``--report_gbits``; ``server`` makes it the client."""
     argv = ["ib_write_bw", "-d", rail.rdma_dev, "-i", str(rail.port), f"--use_cuda={rail.gpu}"]
@@ -181,7 +180,7 @@ def ib_write_bw_argv(rail: RailPlan, tcp_port: int, cfg: AcceptanceConfig, serve
 CUDA_ORDER = "CUDA_DEVICE_ORDER=PCI_BUS_ID"  # --use_cuda=<i> is then NVML's (the facts') GPU i
 
 
-def rail_commands(rail: RailPlan, i: int, cfg: AcceptanceConfig, numactl: bool = False) -> tuple[list[str], list[str]]:
+def rail_commands(rail: RailPlan, i: int, cfg: RailSettings, numactl: bool = False) -> tuple[list[str], list[str]]:
     """(server argv, client argv) of rail ``i``: both here (loopback through the NIC), or the server on the peer
     over SSH (the same NIC name and GPU index there: hosts of one build) and the client here."""
     tcp = cfg.rdma_tcp_port + i
@@ -214,8 +213,12 @@ def parse_ib_write_bw(text: str) -> dict[str, Any] | None:
         if m:
             unit = m.group(1)
             continue
-        for key, pat in (("device", r"Device\s*:\s*(\S+)"), ("link_type", r"Link type\s*:\s*(\S+)"),
-                         ("mtu", r"Mtu\s*:\s*(\d+)"), ("gid_index", r"GID index\s*:\s*(\d+)")):  # fmt: skip
+        for key, pat in (
+            ("device", r"Device\s*:\s*(\S+)"),
+            ("link_type", r"Link type\s*:\s*(\S+)"),
+            ("mtu", r"Mtu\s*:\s*(\d+)"),
+            ("gid_index", r"GID index\s*:\s*(\d+)"),
+        ):
             mm = re.search(pat, line)
             if mm and key not in info:
                 info[key] = int(mm.group(1)) if key in ("mtu", "gid_index") else mm.group(1)
@@ -228,10 +231,16 @@ def parse_ib_write_bw(text: str) -> dict[str, Any] | None:
     avg = float(last.group(4))
     gbits = avg if unit.startswith("Gb") else avg * 0x100000 * 8 / 1e9
     return {
-        "bytes": int(last.group(1)), "iterations": int(last.group(2)), "bw_peak": float(last.group(3)),
-        "bw_average": avg, "unit": unit, "gbits": round(gbits, 2), "msg_rate_mpps": float(last.group(5)),
-        "cuda": "cuMemAlloc" in text or "CUDA" in text, **info,
-    }  # fmt: skip
+        "bytes": int(last.group(1)),
+        "iterations": int(last.group(2)),
+        "bw_peak": float(last.group(3)),
+        "bw_average": avg,
+        "unit": unit,
+        "gbits": round(gbits, 2),
+        "msg_rate_mpps": float(last.group(5)),
+        "cuda": "cuMemAlloc" in text or "CUDA" in text,
+        **info,
+    }
 
 
 def run_ib_pair(server: list[str], client: list[str], timeout_s: float) -> dict[str, Any]:
@@ -274,7 +283,7 @@ def perftest_status(which: Callable[[str], str | None], probe: Callable[[list[st
     return True, path, "use_cuda" in text
 
 
-def _probe(argv: list[str]) -> str:
+def rail_probe(argv: list[str]) -> str:
     try:
         res = subprocess.run(argv, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
