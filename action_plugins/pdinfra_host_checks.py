@@ -35,7 +35,10 @@ class ActionModule(ActionBase):
             expect = checks.Expect.from_dict(args.get("expect") or {})
         except ValueError as exc:
             raise AnsibleError(f"expect: {exc}") from exc
-        gathered = self._execute_module(module_name="pdinfra_facts", module_args={"root": "/"}, task_vars=task_vars)
+        # the module beside this plugin: pdinfra_facts in a checkout, pdinfra.pd.pdinfra_facts in the collection
+        collection = str(self._task.resolved_action or self._task.action).rpartition(".")[0]
+        module = f"{collection}.pdinfra_facts" if collection and collection != "ansible.legacy" else "pdinfra_facts"
+        gathered = self._execute_module(module_name=module, module_args={"root": "/"}, task_vars=task_vars)
         if gathered.get("failed"):
             result.update(failed=True, msg=f"pdinfra_facts failed: {gathered.get('msg')}")
             return result

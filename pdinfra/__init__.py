@@ -1,3 +1,3 @@
 """pdinfra: provisioning and validation for prefill/decode-disaggregated LLM inference."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,3 +1,3 @@
-from pdinfra.cli import app
+from pdinfra.cli.main import run
 
-app()
+run()

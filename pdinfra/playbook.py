@@ -156,7 +156,7 @@ class PlaybookResult:
 
 
 def default_log(name: str) -> Path:
-    d = paths.REPO / "out" / "logs"
+    d = paths.out_dir() / "logs"
     d.mkdir(parents=True, exist_ok=True)
     return d / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}.log"
 
@@ -415,11 +415,11 @@ def run_playbook(
     log = log or default_log(Path(playbook).stem + ("-check" if check else ""))
     log.parent.mkdir(parents=True, exist_ok=True)
     events = log.with_name(log.name.removesuffix(".log") + ".events.jsonl")
-    book = Path(playbook) if Path(playbook).is_absolute() else paths.REPO / playbook
+    book = paths.playbook(playbook)
     args = [*inventory_args(inventory), *(["--check"] if check else []), *(extra_args or [])]
     say = progress or (lambda _m: None)
-    log.write_text(f"$ ansible-playbook {shlex.join([*args, str(book)])}\n", encoding="utf-8")
-    say(f"ansible-playbook {shlex.join([*args, str(book)])}  (log: {log})")
+    log.write_text(f"$ ansible-playbook {shlex.join([*args, book])}\n", encoding="utf-8")
+    say(f"ansible-playbook {shlex.join([*args, book])}  (log: {log})")
     run = PlaybookRun(progress, log, events)
     # ansible-runner reads the run through pexpect; its read loop calls cancel_callback at least every
     # pexpect_timeout seconds: the long-task lines come from there, without a thread. (The setting is read from
@@ -433,7 +433,7 @@ def run_playbook(
                 private_data_dir=private,
                 ident="run",
                 project_dir=str(paths.REPO),
-                playbook=str(book),
+                playbook=book,
                 cmdline=shlex.join(args),
                 quiet=True,
                 suppress_env_files=True,

@@ -37,3 +37,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True, scope="session")
 def _local_api_key() -> None:
     nspawn.api_key_file()
+
+
+@pytest.fixture(scope="session")
+def installed_pdinfra(tmp_path_factory: pytest.TempPathFactory):
+    """The wheel and the collection built from a clean clone of HEAD and installed outside the checkout, once per
+    session (tests/install_pdinfra.py): the packaging test and the e2e converge through the collection share them."""
+    import install_pdinfra  # tests/install_pdinfra.py
+
+    return install_pdinfra.install(tmp_path_factory.mktemp("installed"))

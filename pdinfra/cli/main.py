@@ -4,6 +4,8 @@ the cluster, the progress line) in pdinfra.cli.common."""
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from pdinfra.cli import bench, inventory, kvtrace, testhosts, tinymodel
@@ -49,3 +51,26 @@ app.command("transfer-target", hidden=True)(transfer_target_cmd)
 app.command("facts")(facts_cmd)
 app.command("validate")(validate_cmd)
 app.command("transfer")(transfer_cmd)
+
+
+# Modules that only the controller extra installs (pyproject.toml): a command that needs one says so.
+CONTROLLER_ONLY = frozenset(
+    {"ansible", "ansible_runner", "mitogen", "matplotlib", "numpy", "scipy", "statsmodels", "ruamel", "tokenizers"}
+    | {"safetensors"}
+)
+
+
+def run() -> None:
+    """The console script: the app, with a missing extra as one line and exit 2 instead of a traceback."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in CONTROLLER_ONLY:
+            raise
+        print(
+            f"pdinfra: this command needs {top}, which the controller extra installs: "
+            "pip install 'pdinfra[controller]'",
+            file=sys.stderr,
+        )
+        sys.exit(2)

@@ -181,7 +181,7 @@ def load_cluster(
     with tempfile.TemporaryDirectory(prefix="pdinfra-cluster-") as tmp:
         out = Path(tmp) / "cluster.json"
         cmd = [ansible_bin("ansible"), *[a for s in sources for a in ("-i", str(s))], "localhost",
-               "-m", "pdinfra_cluster", "-a", json.dumps({"output": str(out), "output_secrets": secrets})]  # fmt: skip
+               "-m", paths.plugin("pdinfra_cluster"), "-a", json.dumps({"output": str(out), "output_secrets": secrets})]  # fmt: skip
         for e in extra_vars or []:
             cmd += ["-e", e]
         res = subprocess.run(

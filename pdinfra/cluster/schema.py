@@ -601,7 +601,7 @@ class RoleSchema:
 
 
 def roles_dir() -> Path:
-    return paths.REPO / "roles"
+    return paths.roles_dir()
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,7 +20,7 @@ from pdinfra import paths
 from pdinfra.cluster import connectors
 
 MARKER = ".pdinfra-complete"
-ROLE_DEFAULTS = paths.REPO / "roles" / "pd_runtime" / "defaults" / "main.yml"
+ROLE_DEFAULTS = paths.roles_dir() / "pd_runtime" / "defaults" / "main.yml"
 
 
 class WheelhouseError(RuntimeError):
@@ -110,22 +110,24 @@ def build(
 
 
 def pdinfra_source(cache: Path | None = None) -> Path:
-    """A tarball of the pdinfra package's source, named by its content (pushed to nodes)."""
+    """A tarball of the pdinfra package's source, named by its content (pushed to nodes): the checkout's or the
+    installed package's, without the wheel's Ansible content (``_ansible``: the controller's)."""
+    top = paths.PACKAGE.parent
     files = sorted(
         p
-        for p in paths.REPO.joinpath("pdinfra").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        for p in paths.PACKAGE.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc" and paths.BUNDLE not in p.parents
     )
     h = hashlib.sha256()
     for f in files:
-        h.update(str(f.relative_to(paths.REPO)).encode() + b"\0" + f.read_bytes())
+        h.update(str(f.relative_to(top)).encode() + b"\0" + f.read_bytes())
     sid = h.hexdigest()[:12]
     out = (cache or paths.cache_dir()) / f"pdinfra-src-{sid}.tar"
     if not out.exists():
         tmp = out.with_suffix(".tmp")
         with tarfile.open(tmp, "w") as tf:
             for f in files:
-                info = tf.gettarinfo(str(f), arcname=str(f.relative_to(paths.REPO)))
+                info = tf.gettarinfo(str(f), arcname=str(f.relative_to(top)))
                 info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
                 with open(f, "rb") as fh:
                     tf.addfile(info, fh)

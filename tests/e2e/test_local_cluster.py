@@ -143,11 +143,20 @@ def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     assert (again / "report.md").read_text() == md
 
 
-def test_second_converge_changes_nothing(cluster):
-    res = playbook(log="20-converge-again")
-    assert res.rc == 0, res.summary()
-    assert {"node1", "node2"} <= set(res.recap), res.recap
-    assert res.changed_tasks() == [], f"not idempotent; see {LOG_DIR}/20-converge-again.log"
+def test_second_converge_through_the_installed_collection_changes_nothing(cluster, installed_pdinfra):
+    """The second converge runs as a user of the releases would: the wheel built from a clean clone, installed in
+    a virtual environment of its own, `pdinfra deploy` from a directory that is no checkout, which runs the
+    collection's playbook pdinfra.pd.site with the wheel's ansible.cfg (tests/install_pdinfra.py). Against the
+    cluster the checkout deployed, it must change nothing: the same content, whichever way it is installed."""
+    inst = installed_pdinfra
+    res = inst.run(inst.pdinfra, "deploy", "-i", str(INV), timeout=1800)
+    text = res.stdout + res.stderr
+    (LOG_DIR / "20-converge-again.log").write_text(text)
+    assert res.returncode == 0, text[-4000:]
+    assert "pdinfra.pd.site" in text, "not the collection's playbook"
+    recap = dict(re.findall(r"^»\s+(node\d)\s+ok=\d+ changed=(\d+)", text, re.M))
+    assert set(recap) == {"node1", "node2"} and set(recap.values()) == {"0"}, recap
+    assert re.search(r"ansible-playbook exited 0 after \d+ s; changed=0\b", text), text[-2000:]
 
 
 def test_check_mode_on_converged_nodes_is_clean(cluster):

@@ -118,7 +118,7 @@ def test_roles_and_playbooks_read_cluster_variables_only_from_the_resolved_model
     for path in files:
         for expr in _expressions(path):
             # pdinfra's filters (filter_plugins/) are not variables
-            expr = re.sub(r"\|\s*(%s)\b" % "|".join(FILTERS), "|", expr)
+            expr = re.sub(rf"\|\s*({'|'.join(FILTERS)})\b", "|", expr)
             # a variable, not an attribute (x.pdinfra_src) or a quoted file name ('pdinfra_cpu_amx.pth')
             for name in set(re.findall(r"(?<![.\w'\"])pdinfra_[a-z_]+\b(?![.\w]*['\"])", expr)) - PUBLISHED:
                 bad.append(f"{path.relative_to(REPO)}: {name} in {expr.strip()[:80]!r}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "pdinfra"
 LAYERS = ["base", "cluster", "host", "transfer", "serving", "bench", "testhosts", "cli"]
-BASE_MODULES = {"paths", "playbook", "__init__", "__main__"}
+BASE_MODULES = {"paths", "playbook", "collection", "__init__", "__main__"}
 
 
 def layer_of(module: str) -> str:
