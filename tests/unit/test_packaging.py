@@ -94,7 +94,7 @@ def test_the_wheel_runs_from_outside_the_checkout(installed_pdinfra):
     assert where.stdout.split()[0] == "None" and str(inst.venv) in where.stdout, where.stdout
     example = inst.clone / "inventory" / "examples" / "hgx-h100" / "hosts.yml"
     res = inst.run(inst.pdinfra, "check-config", "-i", str(example))
-    assert res.returncode == 0 and "2 PD hosts" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "2 PD hosts" in res.stdout + res.stderr, res.stdout + res.stderr
     # a mistake in the inventory: named before any host is touched
     bad = inst.outside / "bad"
     subprocess.run(["cp", "-r", str(example.parent), str(bad)], check=True)
