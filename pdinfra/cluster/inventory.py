@@ -180,8 +180,9 @@ def load_cluster(
     sources = _sources(source)
     with tempfile.TemporaryDirectory(prefix="pdinfra-cluster-") as tmp:
         out = Path(tmp) / "cluster.json"
-        cmd = [ansible_bin("ansible"), *[a for s in sources for a in ("-i", str(s))], "localhost",
-               "-m", paths.plugin("pdinfra_cluster"), "-a", json.dumps({"output": str(out), "output_secrets": secrets})]  # fmt: skip
+        args = json.dumps({"output": str(out), "output_secrets": secrets})
+        inventories = [a for s in sources for a in ("-i", str(s))]
+        cmd = [ansible_bin("ansible"), *inventories, "localhost", "-m", paths.plugin("pdinfra_cluster"), "-a", args]
         for e in extra_vars or []:
             cmd += ["-e", e]
         res = subprocess.run(
