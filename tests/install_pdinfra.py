@@ -58,7 +58,8 @@ def install(root: Path) -> Installed:
     clone, dist, outside = root / "clone", root / "dist", root / "outside"
     outside.mkdir(parents=True)
     _run(["git", "clone", "-q", str(REPO), str(clone)], cwd=root)
-    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(dist), "."], cwd=clone)
+    # as documented: the sdist, then the wheel built from it (MANIFEST.in carries the Ansible content into the sdist)
+    _run([sys.executable, "-m", "build", "--no-isolation", "-o", str(dist), "."], cwd=clone)
     (wheel,) = dist.glob("pdinfra-*.whl")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"PYTHONPATH": str(clone)}
     tarball = Path(_run([sys.executable, "-m", "pdinfra.collection", "build", str(dist)], cwd=outside, env=env).strip())

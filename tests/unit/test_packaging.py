@@ -88,6 +88,7 @@ def test_the_wheel_runs_from_outside_the_checkout(installed_pdinfra):
         names = set(whl.namelist())
     assert "pdinfra/_ansible/ansible.cfg" in names
     assert "pdinfra/_ansible/collections/ansible_collections/pdinfra/pd/playbooks/site.yml" in names
+    assert (inst.wheel.parent / f"pdinfra-{__version__}.tar.gz").is_file()  # the sdist the wheel was built from
     res = inst.run(inst.pdinfra, "version")
     assert res.returncode == 0 and res.stdout.strip() == __version__ and __version__ in inst.wheel.name
     where = inst.run(str(inst.venv / "bin" / "python"), "-c", "import pdinfra.paths as p; print(p.CHECKOUT, p.REPO)")
