@@ -96,6 +96,16 @@ def test_the_wheel_runs_from_outside_the_checkout(installed_pdinfra):
     example = inst.clone / "inventory" / "examples" / "hgx-h100" / "hosts.yml"
     res = inst.run(inst.pdinfra, "check-config", "-i", str(example))
     assert res.returncode == 0 and "2 PD hosts" in res.stdout + res.stderr, res.stdout + res.stderr
+    # a node's validate (a recorded healthy HGX host replayed, and one with an old kernel), and the planner
+    hosts = inst.clone / "tests" / "fixtures" / "hosts"
+    res = inst.run(inst.pdinfra, "validate", "--root", str(hosts / "hgx-h100-8gpu-8roce"))
+    assert res.returncode == 0 and "41 pass, 0 warn, 0 fail" in res.stdout, res.stdout[-2000:] + res.stderr
+    res = inst.run(inst.pdinfra, "validate", "--root", str(hosts / "bad-old-kernel"))
+    assert res.returncode == 1 and "os.kernel_version" in res.stdout, res.stdout[-2000:]
+    profile = inst.clone / "tests" / "fixtures" / "profiles" / "local-cpu-tiny-1536.json"
+    load = ["--rate", "0.5", "--isl", "1536", "--osl", "64", "--cores-per-host", "2"]
+    res = inst.run(inst.pdinfra, "plan", "-p", str(profile), *load, "--slo", "{ttft_ms: 5000, itl_p99_ms: 200}")
+    assert res.returncode == 0 and "chosen:" in res.stdout + res.stderr, res.stdout + res.stderr
     # a mistake in the inventory: named before any host is touched
     bad = inst.outside / "bad"
     subprocess.run(["cp", "-r", str(example.parent), str(bad)], check=True)
