@@ -6,6 +6,7 @@ down` must leave no process, mount, namespace, bridge or cgroup behind (an error
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -74,14 +75,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _BACKGROUND.update(proc=proc, out=out, err=err, started=time.monotonic())
 
 
-def _wait_background() -> subprocess.CompletedProcess | None:
-    """The background up's result (it is waited for once), or None when there is none."""
+def _wait_background(stop: bool = False) -> subprocess.CompletedProcess | None:
+    """The background up's result (it is waited for once; ``stop`` ends it first), or None when there is none."""
     proc = _BACKGROUND.pop("proc", None)
     if proc is None:
         return None
+    if stop:  # the up and every process under it (ansible-runner starts Ansible in a session of its own)
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    p.terminate()
+            psutil.wait_procs(tree, timeout=20)
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
     left = UP_TIMEOUT_S - (time.monotonic() - _BACKGROUND["started"])
     try:
-        rc = proc.wait(timeout=max(1.0, left))
+        rc = proc.wait(timeout=30 if stop else max(1.0, left))
     except subprocess.TimeoutExpired:
         proc.kill()
         rc = proc.wait()
@@ -96,9 +109,9 @@ def _wait_background() -> subprocess.CompletedProcess | None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A background up that no test waited for (the run stopped before the end-to-end modules): end it, and take the
-    test hosts down again."""
-    if _wait_background() is not None:
+    """A background up that no test waited for (the run stopped before the end-to-end modules, e.g. -x on a unit
+    failure): stop it, and take the test hosts down again."""
+    if _wait_background(stop=True) is not None:
         run([str(BIN / "pdinfra"), "down"], log="90-down")
 
 
