@@ -35,9 +35,10 @@ class ActionModule(ActionBase):
             expect = checks.Expect.from_dict(args.get("expect") or {})
         except ValueError as exc:
             raise AnsibleError(f"expect: {exc}") from exc
-        # the module beside this plugin: pdinfra_facts in a checkout, pdinfra.pd.pdinfra_facts in the collection
+        # the module beside this plugin, in the plugin's own namespace: ansible.legacy.pdinfra_facts in a checkout
+        # (library/), pdinfra.pd.pdinfra_facts in the collection
         collection = str(self._task.resolved_action or self._task.action).rpartition(".")[0]
-        module = f"{collection}.pdinfra_facts" if collection and collection != "ansible.legacy" else "pdinfra_facts"
+        module = f"{collection}.pdinfra_facts" if collection else "pdinfra_facts"
         gathered = self._execute_module(module_name=module, module_args={"root": "/"}, task_vars=task_vars)
         if gathered.get("failed"):
             result.update(failed=True, msg=f"pdinfra_facts failed: {gathered.get('msg')}")

@@ -28,9 +28,10 @@ import sys
 from pathlib import Path
 
 from pdinfra import __version__
+from pdinfra.paths import COLLECTION
 
-NAMESPACE, NAME = "pdinfra", "pd"
-FQCN = f"{NAMESPACE}.{NAME}"
+FQCN = COLLECTION  # pdinfra.pd
+NAMESPACE, NAME = FQCN.split(".")
 MODULES = ("pdinfra_cluster", "pdinfra_host_checks", "pdinfra_facts")  # action plugins and the module
 FACT_PARTS = ("facts", "facts_base", "facts_gpu", "facts_net")
 REQUIRES_ANSIBLE = ">=2.18.0"

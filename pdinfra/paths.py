@@ -29,7 +29,7 @@ def roles_dir() -> Path:
     """The roles: the checkout's, or the installed collection's."""
     if CHECKOUT:
         return CHECKOUT / "roles"
-    return BUNDLE / "collections" / "ansible_collections" / "pdinfra" / "pd" / "roles"
+    return BUNDLE / "collections" / "ansible_collections" / COLLECTION.replace(".", "/") / "roles"
 
 
 def playbook(name: str | Path) -> str:

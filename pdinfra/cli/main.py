@@ -55,8 +55,18 @@ app.command("transfer")(transfer_cmd)
 
 # Modules that only the controller extra installs (pyproject.toml): a command that needs one says so.
 CONTROLLER_ONLY = frozenset(
-    {"ansible", "ansible_runner", "mitogen", "matplotlib", "numpy", "scipy", "statsmodels", "ruamel", "tokenizers"}
-    | {"safetensors"}
+    [
+        "ansible",
+        "ansible_runner",
+        "mitogen",
+        "matplotlib",
+        "numpy",
+        "scipy",
+        "statsmodels",
+        "ruamel",
+        "tokenizers",
+        "safetensors",
+    ]
 )
 
 

@@ -12,6 +12,7 @@ Standard library only: Ansible's filters import it on the controller.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -46,8 +47,10 @@ def _knob(knobs: Mapping[str, Any], name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Connector:
-    """One KV connector. The flags describe the PD layout; in the aggregated layout no connector joins instances."""
+class Connector(ABC):
+    """One KV connector. The flags describe the PD layout; in the aggregated layout no connector joins instances.
+    ``moved`` and ``proof`` read NIXL's transfer counters, which NIXL and LMCache (NIXL transport) both export;
+    a connector without them says how else its KV is seen to move (Mooncake)."""
 
     name: str  # pdinfra_connector's value
     title: str  # as people write it
@@ -62,10 +65,10 @@ class Connector:
     uni_executor: bool = True  # one CPU instance may run under vLLM's uni executor
     store_composes: bool = True  # the KV reuse tier composes with it (MultiConnector: this connector, then the store)
     moved_what: str = ""  # what the decode's /metrics count when KV moved
-    docs: str = "docs/connectors.md"
 
+    @abstractmethod
     def extra_config(self, instance: Mapping[str, Any], knobs: Mapping[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
+        """The connector's kv_connector_extra_config for one instance, from the role's knobs."""
 
     def kv_transfer_config(self, instance: Mapping[str, Any], knobs: Mapping[str, Any]) -> dict[str, Any]:
         """vLLM's kv_transfer_config of this connector alone, for one instance (``kv_role``, ``name``, ``role``)."""
