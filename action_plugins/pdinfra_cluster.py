@@ -25,7 +25,6 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         try:
             from pdinfra.cluster import resolve, schema
-            from pdinfra.cluster.checker import format_problems
         except ImportError as exc:
             raise AnsibleError(f"pdinfra is not importable by the controller's Python: {exc}") from exc
         args = self._task.args
@@ -40,6 +39,15 @@ class ActionModule(ActionBase):
         resolved: dict[str, dict] = {}
         template_problems = []
         sources = task_vars.get("ansible_inventory_sources", []) or []
+        from pathlib import Path as _P
+
+        from pdinfra.cluster.inventory import secrets_in_inventory
+
+        # Before any value is templated: a key file Ansible parsed as hosts must not be read, nor a new key made
+        # for the "hosts" it became (their inventory_dir is the key's directory).
+        leaks = secrets_in_inventory([_P(s) for s in sources if _P(s).exists()])
+        if leaks:
+            return self._finish(result, args, leaks, sources)
         for host in groups.get("all", []):
             try:
                 hv = hostvars[host]
@@ -66,18 +74,22 @@ class ActionModule(ActionBase):
         if scope not in ("full", "host"):
             raise AnsibleError(f"scope must be full or host, not {scope!r}")
         res = resolve.resolve(resolved, groups, sources, scope)
-        from pathlib import Path as _P
-
         from pdinfra.cluster.inventory import orphan_vars
 
         hosts = list(task_vars.get("groups", {}).get("all", []))
         orphans = orphan_vars([_P(s) for s in sources], list(task_vars.get("groups", {})), hosts)
         problems = template_problems + orphans + res.problems
+        return self._finish(result, args, problems, sources, res)
+
+    @staticmethod
+    def _finish(result, args, problems, sources, res=None):
+        from pdinfra.cluster.checker import format_problems
+
         result["changed"] = False
         if args.get("output"):
             data = {
                 "problems": [{"variable": p.variable, "message": p.message, "host": p.host} for p in problems],
-                "cluster": res.cluster.to_dict() if res.cluster is not None and not problems else None,
+                "cluster": res.cluster.to_dict() if res and res.cluster is not None and not problems else None,
             }
             if args.get("output_secrets") and data["cluster"] is not None:
                 data["secrets"] = {"api_key": res.cluster.secrets.api_key, "hf_token": res.cluster.secrets.hf_token}

@@ -228,6 +228,21 @@ def bundled_cfg(project: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def bundled_collection() -> Path:
+    """The collection inside the installed wheel (``pdinfra/_ansible/collections/ansible_collections/pdinfra/pd``)."""
+    from pdinfra import paths
+
+    return paths.BUNDLE / "collections" / "ansible_collections" / NAMESPACE / NAME
+
+
+def collections_path() -> Path:
+    """What ``ANSIBLE_COLLECTIONS_PATH`` needs for a plain ``ansible-playbook pdinfra.pd.site`` to find the wheel's
+    collection (``pdinfra collection path`` prints it)."""
+    from pdinfra import paths
+
+    return paths.BUNDLE / "collections"
+
+
 def bundle(project: Path, dest: Path) -> Path:
     """What the wheel carries as ``pdinfra/_ansible``: an ansible.cfg and the assembled collection."""
     assemble(project, dest / "collections")
@@ -235,9 +250,19 @@ def bundle(project: Path, dest: Path) -> Path:
     return dest
 
 
+def is_checkout(project: Path) -> bool:
+    return (project / "site.yml").is_file() and (project / "roles").is_dir()
+
+
 def build(project: Path, out: Path, work: Path) -> Path:
-    """The collection's tarball (``pdinfra-pd-<version>.tar.gz``) in ``out``, assembled under ``work``."""
-    root = assemble(project, work)
+    """The collection's tarball (``pdinfra-pd-<version>.tar.gz``) in ``out``, assembled under ``work`` from a checkout;
+    installed from the wheel (no checkout), from the collection the wheel bundles."""
+    if is_checkout(project):
+        root = assemble(project, work)
+    else:
+        root = bundled_collection()
+        if not (root / "galaxy.yml").is_file():
+            raise RuntimeError(f"{project} is no checkout and this pdinfra bundles no collection ({root})")
     out.mkdir(parents=True, exist_ok=True)
     galaxy = Path(sys.executable).with_name("ansible-galaxy")
     cmd = [str(galaxy) if galaxy.exists() else "ansible-galaxy", "collection", "build", "--force", "--output-path"]
@@ -257,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("dest", type=Path)
     a.add_argument("--project", type=Path, default=Path(__file__).resolve().parent.parent)
     args = parser.parse_args(argv)
+    if args.cmd == "assemble" and not is_checkout(args.project):
+        why = "use build, which packs the collection this wheel bundles"
+        parser.error(f"assemble needs a checkout (--project); {args.project} is none: {why}")
     if args.cmd == "assemble":
         print(assemble(args.project, args.dest))
         return 0

@@ -56,9 +56,35 @@ def ansible_bin(name: str) -> str:
     return found
 
 
+def _content_env(base: dict[str, str]) -> dict[str, str]:
+    """Where pdinfra's Ansible content is, as environment variables (each in front of the operator's own value):
+    what an operator's own ansible.cfg needs to run pdinfra's playbooks."""
+    if paths.CHECKOUT:
+        dirs = {"ANSIBLE_ROLES_PATH": "roles", "ANSIBLE_LIBRARY": "library", "ANSIBLE_MODULE_UTILS": "module_utils",
+                "ANSIBLE_FILTER_PLUGINS": "filter_plugins", "ANSIBLE_ACTION_PLUGINS": "action_plugins",
+                "ANSIBLE_STRATEGY_PLUGINS": "strategy_plugins"}  # fmt: skip
+        want = {k: str(paths.CHECKOUT / v) for k, v in dirs.items()}
+    else:
+        want = {"ANSIBLE_COLLECTIONS_PATH": str(paths.BUNDLE / "collections")}
+    return {k: ":".join(dict.fromkeys([v, *filter(None, base.get(k, "").split(":"))])) for k, v in want.items()}
+
+
+def operator_config(env: dict[str, str] | None = None) -> Path | None:
+    """The operator's own Ansible configuration, honoured when ``ANSIBLE_CONFIG`` names a file that is not
+    pdinfra's (docs/security.md, "Ansible configuration"); None: pdinfra's ansible.cfg is used."""
+    own = (env if env is not None else os.environ).get("ANSIBLE_CONFIG", "")
+    ours = (paths.REPO / "ansible.cfg").resolve()
+    return Path(own) if own and Path(own).is_file() and Path(own).resolve() != ours else None
+
+
 def ansible_env(**extra: str) -> dict[str, str]:
-    """The environment every Ansible command of pdinfra runs with: the project's ansible.cfg, this venv first."""
-    env = dict(os.environ, ANSIBLE_CONFIG=str(paths.REPO / "ansible.cfg"))
+    """The environment every Ansible command of pdinfra runs with: the project's ansible.cfg (or the operator's own,
+    ``ANSIBLE_CONFIG``, with pdinfra's content paths added in front of its own), this venv first."""
+    env = dict(os.environ)
+    if operator_config(env) is None:
+        env["ANSIBLE_CONFIG"] = str(paths.REPO / "ansible.cfg")
+    else:
+        env.update(_content_env(env))
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.update(extra)
     return env
@@ -71,7 +97,8 @@ def runner_env(ansible_path: Path, env: dict[str, str] | None = None, **extra: s
     front = [str(ansible_path), str(Path(sys.executable).parent)]
     rest = [d for d in merged.get("PATH", "").split(":") if d and d not in front]
     merged["PATH"] = ":".join(dict.fromkeys([*front, *rest]))
-    merged["ANSIBLE_CONFIG"] = str(paths.REPO / "ansible.cfg")
+    if operator_config() is None:
+        merged["ANSIBLE_CONFIG"] = str(paths.REPO / "ansible.cfg")
     return merged
 
 

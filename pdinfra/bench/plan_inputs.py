@@ -37,6 +37,8 @@ def hardware(
     price from pdinfra_price or the hardware profile, else the profiles' hardware's list price."""
     device = profiles[0].shape.device
     pd_hosts = [h for h in cluster.pd_hosts] if cluster else []
+    if cluster is not None:
+        check_profiles_describe(profiles, cluster)
     if units_per_host is None and pd_hosts:
         if device == "gpu":
             counts = {h.gpu_count for h in pd_hosts}
@@ -59,6 +61,29 @@ def hardware(
     if price is None and not pd_hosts and name in hw_profiles.PROFILES:
         price = hw_profiles.PROFILES[name].price
     return Hardware(device, units_per_host, len(pd_hosts) if hosts is None else hosts, price, name, max_hosts or 0)
+
+
+def check_profiles_describe(profiles: list[Profile], cluster: Cluster) -> None:
+    """Every profile was measured on what the inventory describes: its device (GPU or CPU), its hardware kind and
+    its model; else a PlanError naming both (a CPU profile would price cores as GPUs, another model's speed is not
+    this one's). The inventory's own values come from the resolved cluster, never from the profile."""
+    want_device = "cpu" if cluster.profile == "cpu" else "gpu"
+    kinds = sorted({h.hardware for h in cluster.pd_hosts if h.hardware})
+    model = cluster.model.name if cluster.model else None
+    for p in profiles:
+        s, what = p.shape, f"the profile {p.shape.label}"
+        if s.device != want_device:
+            raise PlanError(
+                f"{what} was measured on {s.device.upper()} instances; the inventory's hosts serve on "
+                f"{want_device.upper()} (pdinfra_profile {cluster.profile}): profile this hardware"
+            )
+        if s.hardware and kinds and s.hardware not in kinds:
+            raise PlanError(
+                f"{what} was measured on {s.hardware}; the inventory's hosts are {', '.join(kinds)} "
+                "(pdinfra_hardware): profile them, or plan without -i"
+            )
+        if model and s.model != model:
+            raise PlanError(f"{what} is of the model {s.model}; the inventory serves {model} (pdinfra_model.name)")
 
 
 def deployed(cluster: Cluster, profiles: list[Profile]) -> Config | None:

@@ -105,7 +105,7 @@ def advise_cmd(
 
     _check_args(window, apply, yes)
     cluster = resolved_cluster(inventory)
-    con = Console(width=160, stderr=json_out)
+    con = Console(emoji=False, width=160, stderr=json_out)
     try:
         before = advise_mod.run(cluster, window, prometheus, timeout)
     except advise_mod.AdviseError as exc:

@@ -197,7 +197,7 @@ def _plan_rows(
 
 def _print_plan(bench_plan: P.BenchPlan, the_slo: SLO, rows: list[tuple[Any, int, list[str]]]) -> None:
     """The dry run's table of points, then each point's exact command."""
-    con = Console()
+    con = Console(emoji=False)
     table = Table(title=f"bench plan '{bench_plan.name}': {len(rows)} points; SLO: {the_slo.describe()}")
     for col in ("point", "layout", "ISL", "OSL", "conc", "prompts", "rate", "seed"):
         table.add_column(col, justify="left" if col in ("point", "layout") else "right")
@@ -350,7 +350,7 @@ def bench_run(
     console.print(f"[green]run saved[/]: {run_dir}")
     if report:
         files = write_report([run_dir], report, the_slo)
-        Console(width=160).print(text_summary(files.runs[0]))
+        Console(emoji=False, width=160).print(text_summary(files.runs[0]))
         console.print(f"report: {files.html}")
 
 
@@ -371,7 +371,7 @@ def bench_latency(
     from pdinfra.bench import decompose
 
     cluster = resolved_cluster(inventory, secrets=True)
-    con = Console(width=160, stderr=json_out)
+    con = Console(emoji=False, width=160, stderr=json_out)
     try:
         targets = decompose.targets_from_cluster(cluster, api_key=cluster.secrets.api_key)
         d = decompose.run(
@@ -443,7 +443,7 @@ def bench_reuse(
             err=True,
         )
         raise typer.Exit(2)
-    con = Console(width=160, stderr=True)
+    con = Console(emoji=False, width=160, stderr=True)
 
     def progress(done: int, total: int, s: reuse.Sample) -> None:
         what = f"{s.ttft_ms:.0f} ms, {s.store_hits:.0f} from store" if s.ok else f"failed: {s.error}"
@@ -456,7 +456,7 @@ def bench_reuse(
     if json_out:
         typer.echo(json.dumps(rr.to_dict(), indent=1))
     else:
-        Console(width=160).print(reuse.markdown(rr))
+        Console(emoji=False, width=160).print(reuse.markdown(rr))
         con.print(f"written: {', '.join(map(str, files))}")
     if any(not s.ok for s in rr.samples):
         raise typer.Exit(1)
@@ -516,7 +516,7 @@ def bench_conditional(
     meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "inventory": str(inventory), "slo": cluster.slo,
             "thresholds": threshold, "rounds": rounds, "seed": first, "workload": workload.__dict__}  # fmt: skip
     rec, files = C.write(rows, meta, out)
-    Console(width=160).print(C.markdown(rows, rec))
+    Console(emoji=False, width=160).print(C.markdown(rows, rec))
     console.print(f"written: {', '.join(map(str, files))}")
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from pdinfra import paths
 
-console = Console(stderr=True, soft_wrap=True)
+console = Console(emoji=False, stderr=True, soft_wrap=True)
 
 DEFAULT_INV = paths.REPO / "inventory" / "local" / "hosts.yml"
 _said: set[Path] = set()

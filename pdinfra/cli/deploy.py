@@ -64,13 +64,27 @@ def check_config_cmd(
             for i in h.instances
         )
         table.add_row(h.name + (" (router)" if h.router else ""), h.address or "-", h.hardware, insts or "-")
-    Console(stderr=True).print(table)
+    Console(emoji=False, stderr=True).print(table)
     console.print(
         f"[green]ok[/] {len(cluster.pd_hosts)} PD hosts, {len(cluster.instances)} instances; {cluster.profile} "
         f"profile, {cluster.model.name} ({cluster.model.shape or 'no shape'}), block size {cluster.block_size}, "
         f"dtype {cluster.dtype}, layout {cluster.layout}, router {cluster.router.url}"
     )
     console.print(model_note(cluster))
+    for note in driver_notes(cluster):
+        console.print(f"[yellow]note[/] {note}")
+
+
+def driver_notes(cluster) -> list[str]:  # noqa: ANN001 - a pdinfra.cluster.model.Cluster
+    """The driver pins that pdinfra cannot verify (a release it does not list), one line per version and its hosts."""
+    from pdinfra.cluster import drivers
+
+    by_version: dict[str, list[str]] = {}
+    for h in cluster.hosts:
+        v = h.expect.get("driver_version")
+        if v and drivers.unlisted(str(v)):
+            by_version.setdefault(str(v), []).append(h.name)
+    return [f"{drivers.unlisted(v)} (hosts {', '.join(hs)})" for v, hs in by_version.items()]
 
 
 def model_note(cluster) -> str:  # noqa: ANN001 - a pdinfra.cluster.model.Cluster

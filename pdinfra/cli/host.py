@@ -281,7 +281,7 @@ def validate_cmd(
     """Validate hosts against the check catalog; exits 1 if any check fails, 2 on bad arguments.
 
     With several --facts, also the fleet view: hosts below the fleet median of a figure, or on another version."""
-    err = Console(stderr=True, soft_wrap=True)
+    err = Console(emoji=False, stderr=True, soft_wrap=True)
     options = validation.ValidateOptions(
         facts_files=list(facts_file or []),
         root=root,
@@ -306,7 +306,7 @@ def validate_cmd(
     if json_out:
         typer.echo(json.dumps(report.to_dicts(), indent=1))
     else:
-        console = Console(width=None if sys.stdout.isatty() else 200)
+        console = Console(emoji=False, width=None if sys.stdout.isatty() else 200)
         render_table(report.results, console, show_host=report.hosts > 1)
         if report.view is not None:
             render_fleet(report.view, console)

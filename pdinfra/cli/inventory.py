@@ -86,3 +86,53 @@ def init_cmd(
         cluster = resolved_cluster(out / "hosts.yml")
         typer.echo(f"check-config: ok ({len(cluster.pd_hosts)} PD hosts, {len(cluster.instances)} instances)", err=True)
     typer.echo(str(out / "hosts.yml"))
+
+
+KNOWN_HOSTS = Path.home() / ".ssh" / "known_hosts"
+
+
+@app.command("trust")
+def trust_cmd(
+    inventory: Annotated[Path, typer.Option("--inventory", "-i", help="The inventory (its hosts.yml).")],
+    known_hosts: Annotated[
+        Path, typer.Option("--known-hosts", help="The known_hosts file Ansible's SSH reads.")
+    ] = KNOWN_HOSTS,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Scan and print; record nothing.")] = False,
+) -> None:
+    """First contact: scan every host's SSH key (ssh-keyscan), print its fingerprint, record the new ones in
+    KNOWN_HOSTS. Compare the fingerprints with the hosts' consoles: recording is trusting them. A host whose key
+    differs from the recorded one is refused (exit 1) and nothing is written for it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pdinfra.cluster.inventory import InventoryError, load
+    from pdinfra.host import known_hosts as kh
+
+    try:
+        inv = load(inventory)
+    except InventoryError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--inventory") from exc
+    hosts = inv.group("all")
+    scanned = []
+    for h in hosts:
+        hv = inv.hostvars.get(h, {})
+        port = hv.get("ansible_port") or 22
+        scanned.append(kh.scan(h, str(hv.get("ansible_host") or h), known_hosts, int(port)))
+    table = Table("host", "address", "state", "fingerprints", title=f"SSH host keys against {known_hosts}")
+    for s in scanned:
+        table.add_row(s.host, s.address, s.state, "\n".join(s.fingerprints) or s.detail)
+    con = Console(emoji=False, soft_wrap=True)
+    con.print(table, markup=False)
+    written = 0 if dry_run else kh.record(known_hosts, scanned)
+    new = sum(s.state == "new" for s in scanned)
+    con.print(f"{new} host(s) new: " + ("not recorded (--dry-run)" if dry_run else f"{written} key line(s) recorded"))
+    bad = [s for s in scanned if s.state in ("changed", "unreachable")]
+    for s in bad:
+        why = (
+            "its key differs from the recorded one: check the fingerprint on its console, then "
+            f"`ssh-keygen -R {s.address} -f {known_hosts}` and trust again"
+            if s.state == "changed"
+            else f"unreachable ({s.detail})"
+        )
+        typer.echo(f"pdinfra inventory trust: {s.host} ({s.address}): {why}", err=True)
+    raise typer.Exit(1 if bad else 0)

@@ -113,4 +113,4 @@ def kv_trace_show(
             f"{s['merge_factor_sorted']:.2f}",
             *shares,
         )
-    Console(width=160).print(table)
+    Console(emoji=False, width=160).print(table)

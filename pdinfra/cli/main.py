@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from pdinfra.cli import bench, inventory, kvtrace, testhosts, tinymodel
+from pdinfra.cli import bench, collection, inventory, kvtrace, testhosts, tinymodel
 from pdinfra.cli.advise import advise_cmd
 from pdinfra.cli.deploy import PASS_THROUGH, check_config_cmd, deploy_cmd, down_cmd, up_cmd
 from pdinfra.cli.host import facts_cmd, validate_cmd
@@ -27,6 +27,7 @@ app.add_typer(inventory.app, name="inventory")
 app.add_typer(tinymodel.app, name="model")
 app.add_typer(bench.app, name="bench")
 app.add_typer(kvtrace.app, name="kv-trace")
+app.add_typer(collection.app, name="collection")
 
 
 @app.command()

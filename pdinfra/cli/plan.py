@@ -291,9 +291,9 @@ def plan_cmd(
     given = price_per_gpu_hour is not None or price_per_host_hour is not None
     price = Price(price_per_gpu_hour, price_per_host_hour, currency, price_source) if given else None
     _check_measured(measured_ttft_ms, measured_itl_p99_ms, inventory)
-    cluster, con = resolved_cluster(inventory) if inventory is not None else None, Console(width=200, stderr=json_out)
-    the_slo = _slo(the_slo, cluster)
-    extra: dict = {}
+    cluster = resolved_cluster(inventory) if inventory is not None else None
+    con = Console(emoji=False, width=200, stderr=json_out)
+    the_slo, extra = _slo(the_slo, cluster), {}
     try:
         hw = plan_inputs.hardware(profiles, cluster, gpus_per_host or cores_per_host, hosts, max_hosts, price)
         layout_now = cluster.layout if cluster else layout

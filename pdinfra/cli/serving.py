@@ -43,9 +43,11 @@ def smoke_cmd(
         table.add_column("evidence", overflow="fold")
         for p in result.proofs:
             table.add_row(p.name, "[green]PASS[/]" if p.ok else "[red]FAIL[/]", p.evidence)
-        Console(width=160).print(table)
+        Console(emoji=False, width=160).print(table)
         timing = ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
-        Console(width=160).print(f"prefill {', '.join(ep.prefill)} -> decode {', '.join(ep.decode)}; {timing}")
+        Console(emoji=False, width=160).print(
+            f"prefill {', '.join(ep.prefill)} -> decode {', '.join(ep.decode)}; {timing}"
+        )
     if not result.ok:
         raise typer.Exit(1)
 
@@ -74,6 +76,6 @@ def probe_cmd(
             table.add_column(col, overflow="fold")
         for p in result.paths:
             table.add_row(p.path, "[green]PASS[/]" if p.ok else "[red]FAIL[/]", f"{p.seconds:.2f}", p.evidence)
-        Console(width=160).print(table)
+        Console(emoji=False, width=160).print(table)
     if not result.ok:
         raise typer.Exit(1)

@@ -105,4 +105,4 @@ def hosts_status(inventory: Inv = DEFAULT_INV) -> None:
     for h in testhosts.from_inventory(load_inventory(inventory)):
         pid = testhosts.running_pid(h)
         table.add_row(h.name, h.address, "[green]running[/]" if pid else "stopped", str(pid or "-"))
-    Console().print(table)
+    Console(emoji=False).print(table)

@@ -101,7 +101,7 @@ def render_table(results: list[T.CaseResult]):
 def _err_console():
     from rich.console import Console
 
-    return Console(stderr=True, soft_wrap=True)
+    return Console(emoji=False, stderr=True, soft_wrap=True)
 
 
 def _ops(mode: str) -> tuple[str, ...]:
@@ -170,7 +170,7 @@ def _show(report: dict, results: list[T.CaseResult], output: Path | None, json_o
     if json_out:
         typer.echo(json.dumps(report, indent=1))
         return
-    Console(width=None if sys.stdout.isatty() else 170).print(render_table(results))
+    Console(emoji=False, width=None if sys.stdout.isatty() else 170).print(render_table(results))
     for s in report["sessions"]:
         copy = s.get("copy", {})
         line = f"{s['label']}: copy reference {copy.get('kind', '?')}"

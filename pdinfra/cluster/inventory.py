@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -122,15 +124,81 @@ def orphan_vars(sources: list[Path], groups: list[str], hosts: list[str]) -> lis
     return out
 
 
+# What Ansible never reads as inventory inside a directory given to -i: its IGNORED_ALWAYS (a leading dot,
+# group_vars, host_vars, vars_plugins) and the default INVENTORY_IGNORE_EXTS / PATTERNS.
+_ANSIBLE_IGNORES = re.compile(
+    r"^\.|^host_vars$|^group_vars$|^vars_plugins$|"
+    r"(\.pyc|\.pyo|\.swp|\.bak|~|\.rpm|\.md|\.txt|\.rst|\.orig|\.ini|\.cfg|\.retry)$"
+)
+# Where a key is kept: pdinfra's former default (credentials/api.key) and the usual names of key files.
+_SECRET_FILE = re.compile(r"(^|/)credentials/|\.(key|pem|token)$|(^|/)api[._-]?key")
+KEY_DIR = ".credentials"  # the examples' key place beside hosts.yml: Ansible skips a leading dot in every directory
+
+
+def parsed_files(directory: Path) -> list[Path]:
+    """The files Ansible parses as inventory when ``-i`` names ``directory`` (it walks subdirectories too)."""
+    out: list[Path] = []
+    for entry in sorted(directory.iterdir()):
+        if _ANSIBLE_IGNORES.search(entry.name):
+            continue
+        if entry.is_dir():
+            out += parsed_files(entry)
+        elif entry.is_file():
+            out.append(entry)
+    return out
+
+
+def secrets_in_inventory(sources: list[Path]) -> list[Problem]:
+    """A key file where Ansible would parse it as inventory (its value would become a host name, looked up in DNS
+    and listed by ``ansible-inventory``), or in pdinfra's former place (``credentials/api.key``, which a directory
+    ``-i`` parses): one problem each, naming the file and where to move it. Checked before Ansible reads a thing."""
+    out: list[Problem] = []
+    seen: set[Path] = set()
+    for src in sources:
+        base = src if src.is_dir() else src.parent
+        found = (
+            [f for f in parsed_files(src) if _SECRET_FILE.search(f.relative_to(src).as_posix())] if src.is_dir() else []
+        )
+        legacy = base / "credentials" / "api.key"
+        if legacy.is_file() and legacy not in found:
+            found.append(legacy)
+        for f in found:
+            if f.resolve() in seen:
+                continue
+            seen.add(f.resolve())
+            where = f"{base}/{KEY_DIR}/"
+            move = f"mv {f.parent} {base}/{KEY_DIR}" if f.parent.name == "credentials" else f"move it into {where}"
+            out.append(
+                Problem(
+                    "pdinfra_api_key",
+                    f"{f} looks like a secret inside the inventory, which Ansible parses as hosts when -i names the "
+                    f"directory (the key would become a host name): {move} (Ansible never reads a directory whose "
+                    f"name starts with a dot) and point the lookup there ({where}api.key)",
+                )
+            )
+    return out
+
+
 def _sources(source: Path | str | list[Path | str]) -> list[Path]:
-    sources = [Path(s) for s in (source if isinstance(source, list) else [source])]
+    """The inventory sources as absolute paths (relative ones are the caller's, whatever directory Ansible runs in;
+    links are kept, as :func:`pdinfra.playbook.inventory_source` keeps them), after the checks Ansible cannot make:
+    every YAML file parses and no secret lies where Ansible would read it as inventory."""
+    sources = [Path(os.path.abspath(s)) for s in (source if isinstance(source, list) else [source])]
     for src in sources:
         if not src.exists():
             raise InventoryError(f"inventory {src} does not exist")
     errors = yaml_errors(sources)
     if errors:
         raise InventoryError("the inventory does not parse:\n  " + "\n  ".join(errors))
+    leaks = secrets_in_inventory(sources)
+    if leaks:
+        raise ClusterError(leaks, _shown(source))
     return sources
+
+
+def _shown(source: Path | str | list[Path | str]) -> str:
+    """The inventory as the user gave it (relative paths stay relative in messages)."""
+    return ", ".join(str(s) for s in (source if isinstance(source, list) else [source]))
 
 
 def load(source: Path | str | list[Path | str] = DEFAULT) -> Inventory:
@@ -199,7 +267,7 @@ def load_cluster(
             raise InventoryError(f"Ansible could not resolve {', '.join(map(str, sources))}:\n{tail}")
         data = json.loads(out.read_text(encoding="utf-8"))
     if data.get("problems"):
-        raise ClusterError([Problem(**p) for p in data["problems"]], ", ".join(map(str, sources)))
+        raise ClusterError([Problem(**p) for p in data["problems"]], _shown(source))
     cluster = Cluster.from_dict(data["cluster"])
     if secrets and data.get("secrets"):
         cluster = dataclasses.replace(cluster, secrets=Secrets(**data["secrets"]))

@@ -527,6 +527,8 @@ def plan_inventory(hosts: list[HostFacts]) -> InventoryPlan:
             )
     router = plans[0].name
     all_entries = [
+        Entry("ansible_user", "root", "the host roles (driver, rails, UCX) install packages and write /etc: Ansible "
+              "logs in as root with your SSH key (or set a sudo user and ansible_become: true)"),
         Entry("pdinfra_profile", "gpu", "every host's facts show NVIDIA GPUs"),
         Entry("pdinfra_layout", layout, f"{DECIDE} {layout_why}"),
         Entry("pdinfra_model", comment=f"{DECIDE} the model to serve: a placeholder (source node_path: nothing is "
@@ -537,9 +539,9 @@ def plan_inventory(hosts: list[HostFacts]) -> InventoryPlan:
               ]),  # fmt: skip
         Entry("preflight_model_min_free_gib", 0, f"{DECIDE} the model's size on disk in GiB: the preflight role "
               "checks that much is free at its path (0 while the model is a placeholder; the role's default is 100)"),
-        Entry("pdinfra_api_key", "{{ lookup('ansible.builtin.password', inventory_dir ~ '/credentials/api.key', "
+        Entry("pdinfra_api_key", "{{ lookup('ansible.builtin.password', inventory_dir ~ '/.credentials/api.key', "
               "length=40, chars=['ascii_letters', 'digits']) }}", "clients' API key: generated on the controller at "
-              "the first resolve into credentials/api.key beside this inventory (mode 0600; keep it out of version "
+              "the first resolve into .credentials/api.key beside this inventory (mode 0600; keep it out of version "
               "control), as the example inventories do"),
     ]  # fmt: skip
     notes = [f"{p.name}: {n}" for p in plans for n in p.notes]

@@ -331,7 +331,7 @@ def _hosts_pass(inv: InventoryView, s: Settings) -> tuple[list[Host], list[Insta
                 ck.value(PDINFRA[name], hv[name], name, h)
         hardware, gpu = resolve_hardware(ck, hv, h, s.profile, in_cluster)
         hw = profiles.PROFILES[hardware]
-        rails = resolve_rails(ck, hv, h, hw, addr, rail_addrs)
+        rails = resolve_rails(ck, hv, h, hw, addr, rail_addrs, addr_cidr)
         expect = resolve_expect(ck, hv, h, hw, gpu, rails, len(inv.cluster_hosts), s.profile)
         insts: list[Instance] = []
         if in_cluster:

@@ -4,6 +4,7 @@ layout) and the expectations its checks are judged against.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import re
@@ -239,11 +240,21 @@ def resolve_address(
 
 
 def resolve_rails(
-    ck: Checker, hv: dict[str, Any], host: str, hw: profiles.HardwareProfile, addr: str | None, seen: dict[str, str]
+    ck: Checker,
+    hv: dict[str, Any],
+    host: str,
+    hw: profiles.HardwareProfile,
+    addr: str | None,
+    seen: dict[str, str],
+    addr_cidr: str | None = None,
 ) -> list[Rail]:
     nics = hv.get("rdma_roce_nics") or []
     if not isinstance(nics, list):
         return []  # the argument spec reported it
+    mgmt = None
+    with contextlib.suppress(ValueError, TypeError):
+        mgmt = ipaddress.ip_interface(str(addr_cidr)).network if addr_cidr else None
+    ucx = {str(n.get("netdev")): str(n.get("rdma_dev", "")) for n in hv.get("ucx_nics") or [] if isinstance(n, dict)}
     mtu_raw = role_value(hv, "rdma_roce_mtu")
     mtu = int(mtu_raw) if str(mtu_raw).isdigit() else 9000
     rails: list[Rail] = []
@@ -297,6 +308,28 @@ def resolve_rails(
         tables.setdefault(table, netdev)
         if ip == addr:
             ck.add(f"{where}.address", f"{ip} is also this host's pdinfra_address: rails need their own subnets", host)
+        elif mgmt is not None and iface.network.overlaps(mgmt):
+            ck.add(
+                f"{where}.address",
+                f"{address} is inside the management subnet {mgmt} (pdinfra_address {addr_cidr}): the rail's source "
+                "route and the host's own route would share it, so RDMA and SSH traffic could leave by either "
+                "interface; give each rail its own subnet",
+                host,
+            )
+        if ucx and netdev not in ucx:
+            ck.add(
+                f"{where}.netdev",
+                f"{netdev} is not among ucx_nics' netdevs ({', '.join(sorted(ucx))}): the UCX environment would name "
+                "NICs the rails do not configure (a NIC renamed in one list and not the other)",
+                host,
+            )
+        elif ucx and nic.get("rdma_dev") and ucx[netdev] and str(nic["rdma_dev"]) != ucx[netdev]:
+            ck.add(
+                f"{where}.rdma_dev",
+                f"{nic['rdma_dev']} differs from ucx_nics' rdma_dev {ucx[netdev]} for {netdev}: one of the two lists "
+                "names the wrong RDMA device",
+                host,
+            )
         if ip in seen:
             ck.add(f"{where}.address", f"{ip} is also a rail address of {seen[ip]} (copied host_vars?)", host)
         seen[ip] = host

@@ -573,6 +573,8 @@ DERIVED_ROLE_VARS: dict[str, str] = {
 OVERRIDABLE_MODEL_DEFAULTS: dict[str, str] = {
     "pd_firewall_controller_addresses": "a list of addresses to admit instead of the controller's "
     "(roles/pd_firewall/defaults/main.yml)",
+    "pd_router_metrics_networks": "the addresses or networks that read the gateway's /metrics without the key "
+    "(roles/pd_router/defaults/main.yml)",
 }
 
 

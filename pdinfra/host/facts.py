@@ -493,11 +493,22 @@ def gather(root: str = "/", *, nvml: bool = True) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m pdinfra.host.facts [ROOT]``: print the facts as JSON (standard library only: pdinfra's
-    directory copied to a host is enough)."""
-    args = sys.argv[1:] if argv is None else argv
-    json.dump(gather(args[0] if args else "/"), sys.stdout, indent=1, sort_keys=True)
-    sys.stdout.write("\n")
+    """``python3 -m pdinfra.host.facts [-o FILE] [ROOT]``: the facts as JSON, the same as ``pdinfra facts`` writes
+    (standard library only: a bare node with pdinfra's checkout, or its ``pdinfra/`` directory, on PYTHONPATH runs
+    it; tests/unit/test_first_day.py runs it in an interpreter that has nothing else)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python3 -m pdinfra.host.facts", description="Gather a host's facts as JSON.")
+    ap.add_argument("root", nargs="?", default="/", help="host tree to read ('/': this machine)")
+    ap.add_argument("-o", "--output", help="write the JSON to this file instead of standard output")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    text = json.dumps(gather(args.root), indent=1, sort_keys=True) + "\n"
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(f"facts written to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 It stands where nginx stood (``pdinfra-gateway.service``, ``pdinfra_router_port``) and does what nginx did:
 
-- checks the client's API key (``Authorization: Bearer``; ``/health`` and ``/metrics`` are open, as on vLLM);
+- checks the client's API key (``Authorization: Bearer``); ``/health`` (readiness) is open, ``/metrics`` open only to
+  ``metrics_networks`` (loopback, the cluster's hosts, the admin networks: Prometheus) and to the key;
 - forwards to vllm-router (or the LMCache proxy) on loopback, streaming without buffering, every read bounded;
 - **degraded mode**: when the router cannot serve a request in PD (it answers 502/503/504, 500 with
   ``degraded_on_500``, or is down), a decode instance serves it alone (it computes the prompt itself); the answer
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
+import ipaddress
 import itertools
 import json
 import os
@@ -86,6 +88,8 @@ class Config:
     migration_attempts: int = 2
     health_interval_s: float = 1.0
     max_body_bytes: int = 64 * 1024 * 1024
+    # who reads /metrics without the key (Prometheus on the cluster network); everyone else needs the key
+    metrics_networks: tuple[Any, ...] = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1"))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Config:
@@ -109,6 +113,9 @@ class Config:
             aggregate_below_bytes=int(d.get("aggregate_below_bytes", 0)),
             migration_attempts=int(d.get("migration_attempts", 2)),
             health_interval_s=float(d.get("health_interval_s", 1.0)),
+            metrics_networks=tuple(
+                ipaddress.ip_network(str(n), strict=False) for n in d.get("metrics_networks", ("127.0.0.0/8", "::1"))
+            ),
         )
         if cfg.migration_attempts < 0 or cfg.health_interval_s <= 0 or cfg.request_timeout_s <= 0:
             raise ValueError("migration_attempts >= 0, health_interval_s > 0 and request_timeout_s > 0")
@@ -358,6 +365,16 @@ class Gateway:
             return True
         return hmac.compare_digest(request.headers.get("Authorization", "").encode(), self._key)
 
+    def _metrics_peer(self, request: Any) -> bool:
+        """The client's address is one that reads /metrics without the key."""
+        try:
+            peer = ipaddress.ip_address((request.remote or "").split("%")[0])
+        except ValueError:
+            return False
+        if getattr(peer, "ipv4_mapped", None):
+            peer = peer.ipv4_mapped
+        return any(peer.version == n.version and peer in n for n in self.cfg.metrics_networks)
+
     def _fwd_headers(self, request: Any) -> dict[str, str]:
         h = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         if self.cfg.api_key:
@@ -415,7 +432,11 @@ class Gateway:
             return web.json_response(
                 {"status": "ready" if ready else "unavailable", "detail": why}, status=200 if ready else 503
             )
-        if path == "/metrics" and request.method == "GET":
+        if (
+            path == "/metrics"
+            and request.method == "GET"
+            and (self._metrics_peer(request) or self._authorized(request))
+        ):
             ready, _ = self.health.readiness()
             up = {u: (self.health.roles[u], self.health.up.get(u, False)) for u in self.health.roles}
             return web.Response(text=self.stats.text(ready, up), content_type="text/plain")

@@ -10,6 +10,7 @@ from pdinfra.testhosts.nspawn import (
     destroy,
     ensure_base,
     from_inventory,
+    known_hosts,
     leftovers,
     running_pid,
     ssh_command,
@@ -18,5 +19,5 @@ from pdinfra.testhosts.nspawn import (
 )
 
 __all__ = ["BRIDGE", "Link", "TestHost", "TestHostError", "api_key_file", "create", "destroy", "ensure_base",
-           "from_inventory", "leftovers", "running_pid", "ssh_command", "ssh_config",
+           "from_inventory", "known_hosts", "leftovers", "running_pid", "ssh_command", "ssh_config",
            "ssh_key"]  # fmt: skip

@@ -319,6 +319,25 @@ def _personalise(host: TestHost, root: Path, pubkey: str) -> None:
     os.chmod(ssh_dir / "authorized_keys", 0o600)
     if not list((root / "etc/ssh").glob("ssh_host_*_key")):
         _run(["ssh-keygen", "-A", "-f", str(root)])
+    pin_host_keys(host, root)
+
+
+def known_hosts() -> Path:
+    """The known_hosts of the local test hosts: pdinfra makes their host keys, so it pins them here (the local
+    inventory, ssh_command and ssh_config verify against it; nothing else is trusted on first contact)."""
+    return paths.state_dir() / "testhosts" / "ssh" / "known_hosts"
+
+
+def pin_host_keys(host: TestHost, root: Path) -> None:
+    """Replace ``host``'s lines in :func:`known_hosts` with the public host keys in its root filesystem."""
+    kh = known_hosts()
+    kh.parent.mkdir(parents=True, exist_ok=True)
+    keep = [ln for ln in (kh.read_text().splitlines() if kh.exists() else []) if ln.split(" ", 1)[0] != host.ip]
+    for pub in sorted((root / "etc/ssh").glob("ssh_host_*_key.pub")):
+        kind, key = pub.read_text().split()[:2]
+        keep.append(f"{host.ip} {kind} {key}")
+    kh.write_text("\n".join(keep) + "\n")
+    kh.chmod(0o644)
 
 
 # ----------------------------------------------------------------------------- boot and stop
@@ -432,7 +451,7 @@ def ssh_config(hosts: list[TestHost], key: Path) -> Path:
     conf = key.parent / "config"
     blocks = [
         f"Host {h.name}\n  HostName {h.ip}\n  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
-        "  BatchMode yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+        f"  BatchMode yes\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {known_hosts()}\n  LogLevel ERROR\n"
         "  ConnectTimeout 5\n"
         for h in hosts
     ]
@@ -449,9 +468,9 @@ def ssh_command(host: TestHost, key: Path) -> list[str]:
         "-o",
         "BatchMode=yes",
         "-o",
-        "StrictHostKeyChecking=no",
+        "StrictHostKeyChecking=yes",
         "-o",
-        "UserKnownHostsFile=/dev/null",
+        f"UserKnownHostsFile={known_hosts()}",
         "-o",
         "LogLevel=ERROR",
         "-o",

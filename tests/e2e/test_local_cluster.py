@@ -182,6 +182,32 @@ def test_address_not_on_the_node_fails_before_any_change(cluster, tmp_path):
     assert not [t for t in res.task_names() if t.startswith("pd_runtime : ")], res.task_names()
 
 
+def test_a_host_whose_key_changed_is_refused(cluster, tmp_path):
+    """Issue 47: Ansible verifies the test hosts against the keys pdinfra pinned at create time; `pdinfra inventory
+    trust` finds them already known; a known_hosts that records another key for node1 is refused, by Ansible and by
+    `inventory trust` (which records nothing over it). No multiplexed connection may stand in for the check."""
+    known = testhosts.known_hosts()
+    trust = [str(BIN / "pdinfra"), "inventory", "trust", "-i", str(INV), "--known-hosts"]
+    res = run([*trust, str(known), "--dry-run"], log="31-trust-known")
+    assert res.returncode == 0 and res.stdout.count("known") >= 2 and "new" not in res.stdout.split("state")[1], (
+        res.stdout
+    )
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    forged = tmp_path / "known_hosts"
+    forged.write_text(f"198.18.0.11 {' '.join(other.with_suffix('.pub').read_text().split()[:2])}\n")
+    args = f"-o UserKnownHostsFile={forged} -o StrictHostKeyChecking=yes -o ControlPath=none"
+    ping = [str(BIN / "ansible"), "-i", str(INV), "node1", "-m", "ansible.builtin.ping"]
+    res = run([*ping, "-e", f"ansible_ssh_common_args='{args}'"], log="31-changed-host-key")
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "UNREACHABLE" in out, out[-2000:]
+    assert re.search(r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED", out), out[-2000:]
+    res = run([*trust, str(forged)], log="31-trust-changed")
+    assert res.returncode == 1 and "node1 (198.18.0.11): its key differs" in res.stderr, res.stdout + res.stderr
+    node1_lines = [ln for ln in forged.read_text().splitlines() if ln.startswith("198.18.0.11 ")]
+    assert len(node1_lines) == 1, forged.read_text()  # the forged line only: nothing recorded over it
+
+
 def test_conformance_suite_passes_against_the_nodes(cluster):
     res = conformance(INV, log="50-conformance")
     # 36 items: 11 skip by design on this layout (an instance or the router on the other node)

@@ -4,7 +4,7 @@ docs/runbooks/add-node.md says, and node2 is drained the way docs/runbooks/drive
 the cluster probing its ports throughout.
 
 The inventory is the example's shape (group ``hgx`` holding the hosts and their instances, ``pd_cluster``,
-``router``; the API key from Ansible's password lookup into ``credentials/api.key`` beside the inventory; no
+``router``; the API key from Ansible's password lookup into ``.credentials/api.key`` beside the inventory; no
 ``pdinfra_admin_networks``: the firewall admits the controller by itself) with the local hardware profile and the
 local settings. Its key file is seeded with the test hosts' key and its instances are the local inventory's, so
 nothing restarts that the runbooks do not restart. Afterwards the repository's inventory is deployed again.
@@ -49,7 +49,7 @@ LOCAL = INV.parent
 NODE1 = {"ansible_host": "198.18.0.11", "pdinfra_address": "198.18.0.11/24", "pdinfra_testhost": True}
 NODE2 = {"ansible_host": "198.18.0.12", "pdinfra_address": "198.18.0.12/24", "pdinfra_testhost": True}
 KEY_LINE = (
-    "{{ lookup('ansible.builtin.password', inventory_dir ~ '/credentials/api.key', length=40, "
+    "{{ lookup('ansible.builtin.password', inventory_dir ~ '/.credentials/api.key', length=40, "
     "chars=['ascii_letters', 'digits']) }}"
 )  # (inventory/examples/hgx-h100/group_vars/all.yml)
 # node2's instance and the ports a host outside the cluster must never reach, drained or not
@@ -82,7 +82,7 @@ def hgx_inv(tmp_path_factory, cluster) -> Path:
     assert len(local) - len(kept) == 2, "the local inventory no longer sets what this test removes"
     (inv / "group_vars" / "all.yml").write_text("\n".join(kept) + f'\npdinfra_api_key: "{KEY_LINE}"\n')
     (inv / "group_vars" / "hgx.yml").write_text("---\npdinfra_hardware: cpu-node\n")
-    creds = inv / "credentials"
+    creds = inv / ".credentials"
     creds.mkdir(mode=0o700)
     (creds / "api.key").write_text(api_key() + "\n")
     (creds / "api.key").chmod(0o600)

@@ -490,7 +490,7 @@ def test_a_short_request_goes_to_a_decode_unless_it_asks_for_pd():
     run(t, cfg={"aggregate_below_bytes": 1000})
 
 
-def test_the_key_is_checked_but_health_and_metrics_are_open():
+def test_the_key_is_checked_health_is_open_and_metrics_open_to_loopback():
     async def t(st: Stack):
         async with ClientSession() as s:
             for path, hdr, status in (
@@ -509,6 +509,25 @@ def test_the_key_is_checked_but_health_and_metrics_are_open():
             assert 'pdinfra_gateway_stream_migrations_total{outcome="resumed"} 0' in text
 
     run(t)
+
+
+def test_metrics_from_an_address_outside_the_cluster_need_the_key():
+    """Issue 47: the client-facing port's /metrics (every instance's URL and role, the traffic counters) answered
+    anyone; now only metrics_networks (here the cluster's 198.18.0.0/24, so this loopback client is outside it) or
+    a client with the key reads it. /health, readiness for load balancers, stays open."""
+
+    async def t(st: Stack):
+        async with ClientSession() as s:
+            for hdr, status in (({}, 401), ({"Authorization": "Bearer nope"}, 401),
+                                ({"Authorization": f"Bearer {KEY}"}, 200)):  # fmt: skip
+                async with s.get(st.url + "/metrics", headers=hdr) as r:
+                    body = await r.text()
+                    assert r.status == status, hdr
+                    assert ("pdinfra_gateway_instance_up" in body) == (status == 200)
+            async with s.get(st.url + "/health") as r:
+                assert r.status == 200
+
+    run(t, cfg={"metrics_networks": ["198.18.0.0/24", "198.18.0.12"]})
 
 
 def test_health_stays_ready_while_one_decode_is_down_and_fails_when_none_is_left():

@@ -125,6 +125,39 @@ def test_the_wheel_runs_from_outside_the_checkout(installed_pdinfra):
 
 
 @pytest.mark.slow
+def test_a_new_users_first_day_from_the_wheel(installed_pdinfra):
+    """Issue 47, as docs/collection.md and README write it, from a directory that is no checkout with relative
+    paths: check-config with -i as a file and as a directory, the key kept where Ansible never parses it and in no
+    output; plan refuses a profile of other hardware; a plain ansible-playbook finds the wheel's collection through
+    `pdinfra collection path`; `pdinfra collection build` works from the wheel."""
+    inst = installed_pdinfra
+    site = inst.outside / "site"
+    subprocess.run(["cp", "-r", str(inst.clone / "inventory" / "examples" / "hgx-h100"), str(site)], check=True)
+    outputs = []
+    for form in ("site/hosts.yml", "site/", "site"):
+        res = inst.run(inst.pdinfra, "check-config", "-i", form)
+        outputs.append(res.stdout + res.stderr)
+        assert res.returncode == 0 and "2 PD hosts" in outputs[-1], (form, outputs[-1][-2000:])
+    key = (site / ".credentials" / "api.key").read_text().strip()
+    assert len(key) == 40 and not (site / "credentials").exists()
+    listing = inst.run(str(BIN / "ansible-inventory"), "-i", "site/", "--list")
+    assert listing.returncode == 0 and "hgx-h100-01" in listing.stdout
+    assert all(key not in out for out in [*outputs, listing.stdout, listing.stderr])
+    profile = inst.clone / "tests" / "fixtures" / "profiles" / "local-cpu-tiny-1536.json"
+    load = ["--rate", "1", "--isl", "512", "--osl", "64"]
+    res = inst.run(inst.pdinfra, "plan", "-i", "site/hosts.yml", "-p", str(profile), *load)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "measured on CPU instances" in out and "GPU" in out, out[-2000:]
+    where = inst.run(inst.pdinfra, "collection", "path")
+    assert where.returncode == 0 and (Path(where.stdout.strip()) / "ansible_collections/pdinfra/pd").is_dir()
+    env = {"ANSIBLE_COLLECTIONS_PATH": where.stdout.strip(), "ANSIBLE_CONFIG": ""}
+    res = inst.run(str(BIN / "ansible-playbook"), "--syntax-check", "-i", "site/hosts.yml", "pdinfra.pd.site", **env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = inst.run(inst.pdinfra, "collection", "build", "built")
+    assert res.returncode == 0 and (inst.outside / "built" / f"pdinfra-pd-{__version__}.tar.gz").is_file(), res.stderr
+
+
+@pytest.mark.slow
 def test_a_users_playbook_uses_the_roles_by_fqcn(installed_pdinfra):
     """docs/collection.md's playbook, beside the user's own collection, syntax-checks against the installed
     collection from a directory that is no checkout; ansible-lint's production profile passes on the collection."""
