@@ -41,16 +41,42 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import itertools
 import json
 import os
+import re
+import signal
+import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:  # orjson: 5-10x the stdlib on chunk-sized documents; the stdlib is the fallback for what orjson refuses
+    import orjson as _orjson  # (integers over 64 bits, NaN): the gateway's answers must not change with it
+
+    def _loads(b: bytes | str) -> Any:
+        try:
+            return _orjson.loads(b)
+        except _orjson.JSONDecodeError:
+            return json.loads(b)
+
+    def _dumps(obj: Any) -> bytes:
+        try:
+            return _orjson.dumps(obj)
+        except TypeError:
+            return json.dumps(obj, separators=(",", ":")).encode()
+except ImportError:  # pragma: no cover
+    _loads = json.loads
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
 
 # Request fields a replay on /v1/completions keeps: the sampling parameters both APIs share. Everything else (the
 # messages, chat template options, kv_transfer_params) is left out: the replay's prompt is token IDs.
@@ -90,6 +116,9 @@ class Config:
     max_body_bytes: int = 64 * 1024 * 1024
     # who reads /metrics without the key (Prometheus on the cluster network); everyone else needs the key
     metrics_networks: tuple[Any, ...] = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1"))
+    workers: int = 1  # processes serving the port (run_workers)
+    listen: str = "reuseport"  # reuseport: each worker binds with SO_REUSEPORT | shared: one socket, forked
+    max_event_bytes: int = 16 * 1024 * 1024  # the longest SSE line buffered from an instance
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Config:
@@ -116,7 +145,11 @@ class Config:
             metrics_networks=tuple(
                 ipaddress.ip_network(str(n), strict=False) for n in d.get("metrics_networks", ("127.0.0.0/8", "::1"))
             ),
+            workers=int(d.get("workers", 1)),
+            listen=str(d.get("listen", "reuseport")),
         )
+        if cfg.workers < 1 or cfg.listen not in ("reuseport", "shared"):
+            raise ValueError("workers >= 1, listen: reuseport or shared")
         if cfg.migration_attempts < 0 or cfg.health_interval_s <= 0 or cfg.request_timeout_s <= 0:
             raise ValueError("migration_attempts >= 0, health_interval_s > 0 and request_timeout_s > 0")
         return cfg
@@ -134,6 +167,29 @@ class Stats:
     @staticmethod
     def bump(d: dict, key: Any) -> None:
         d[key] = d.get(key, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as JSON (what a worker shares with the others: run_workers)."""
+        return {
+            "requests": [[r, st, v] for (r, st), v in self.requests.items()],
+            "migrations": self.migrations,
+            "broken": self.broken,
+            "failed": self.failed,
+            "in_flight": self.in_flight,
+        }
+
+    def merged(self, others: list[dict[str, Any]]) -> Stats:
+        """These counters plus the other workers' snapshots: one /metrics for the whole gateway."""
+        out = Stats(dict(self.requests), dict(self.migrations), dict(self.broken), dict(self.failed), self.in_flight)
+        for o in others:
+            for r, st, v in o.get("requests", ()):
+                out.requests[(r, st)] = out.requests.get((r, st), 0) + int(v)
+            for name in ("migrations", "broken", "failed"):
+                mine = getattr(out, name)
+                for k, v in (o.get(name) or {}).items():
+                    mine[k] = mine.get(k, 0) + int(v)
+            out.in_flight += int(o.get("in_flight", 0))
+        return out
 
     def text(self, ready: bool, up: dict[str, tuple[str, bool]]) -> str:
         out = ["# HELP pdinfra_gateway_ready 1 while the service can answer (readiness: /health answers 200)",
@@ -204,10 +260,12 @@ class Health:
             self.up[url] = st == 200
         self.checked_at = time.monotonic()
 
-    async def run(self, session: Any) -> None:
+    async def run(self, session: Any, every: Any = None) -> None:
         while True:
             try:
                 await self.check_once(session)
+                if every is not None:
+                    every()
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any one check
                 print(f"pdinfra gateway: health check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             await asyncio.sleep(self.cfg.health_interval_s)
@@ -273,6 +331,20 @@ class Tracker:
     base_prompt_tokens: int | None = None  # set on a replay: the usage counts the client's prompt only
     client_has: int = 0  # on a replay: token IDs the client already has (regenerated ones are not sent again)
     suppress: int = 0  # on a replay: characters of the replay's text the client already has
+    # the byte-level relay keeps what it saw raw (JSON arrays' insides, JSON string literals) and decodes it
+    # only when a break needs it (flush): a stream that completes never decodes its token IDs or text
+    ids_raw: list[bytes] = field(default_factory=list)
+    text_raw: list[bytes] = field(default_factory=list)
+
+    def flush(self) -> None:
+        """Fold what the byte-level relay noted into generated / text (in order: call before any other use)."""
+        if self.ids_raw:
+            inner = b",".join(x[1:-1] for x in self.ids_raw if x != b"null" and len(x) > 2)
+            self.generated += _loads(b"[" + inner + b"]")
+            self.ids_raw.clear()
+        if self.text_raw:
+            self.text += [t for t in _loads(b"[" + b",".join(x for x in self.text_raw if x != b"null") + b"]") if t]
+            self.text_raw.clear()
 
     def take(self, obj: dict) -> dict | None:
         """Note one chunk of the stream; the chunk to send the client, or None (an error event: a break)."""
@@ -341,7 +413,74 @@ def log(message: str) -> None:
 
 
 def sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _dumps(obj) + b"\n\n"
+
+
+# ------------------------------------------------------------------ the byte-level relay
+# vLLM writes each chunk as compact JSON (pydantic) on one `data: ` line. In JSON a `"` inside a string is always
+# escaped, so `,"token_ids":` / `"finish_reason":` (quote, name, quote, colon) can only be structure, never text.
+# Each pattern below has a guard: the count of the bare name in the block must equal what the patterns matched,
+# else the block goes the JSON way (a chunk in another shape, whitespace, a model writing "token_ids" ...).
+_IDS = re.compile(rb',"token_ids":(\[[0-9,]*\]|null)')
+_PIDS = re.compile(rb',"prompt_token_ids":(\[[0-9,]*\])')
+_PNULL = b',"prompt_token_ids":null'
+_STR = rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # a JSON string literal (no raw newline: one event is one line)
+_TEXT = re.compile(rb'"text":(' + _STR + rb"|null)")
+_CONTENT = re.compile(rb'"content":(' + _STR + rb"|null)")
+_FIN = re.compile(rb'"finish_reason":(null|' + _STR + rb")")
+_NOT_FINISHED = frozenset((b"null", b'""'))
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def fast_block(body: bytes, t: Tracker) -> tuple[bytes, bool] | None:
+    """One upstream read of whole events, relayed without JSON: (bytes for the client, [DONE] came), or None
+    when the block is not plain vLLM chunks (the caller parses it). Same effect on `t` as Tracker.take."""
+    stop = False
+    i = body.find(b"[DONE]")
+    if i >= 0:
+        i -= 6
+        if body[i : i + 14] != DONE_EVENT or (i and body[i - 2 : i] != b"\n\n") or body.find(b"[DONE]", i + 14) >= 0:
+            return None
+        body, stop = body[:i], True  # what follows [DONE] is dropped, as the JSON path does
+    if body:
+        n_ev = body.count(b"\n\ndata: {") + body.startswith(b"data: {")
+        if not body.endswith(b"\n\n") or body.count(b"\n") != 2 * n_ev or b'"error"' in body:
+            return None
+        fins = _FIN.findall(body)
+        if len(fins) != body.count(b"finish_reason"):
+            return None
+        texts = (_CONTENT if t.chat else _TEXT).findall(body)
+        if len(texts) != body.count(b'"content":' if t.chat else b'"text":'):
+            return None
+        ids = _IDS.findall(body)
+        pids = _PIDS.findall(body) if t.prompt_ids is None or b'_token_ids":[' in body else ()
+        if t.client_ids:  # the client keeps the IDs: every one must have been seen
+            if body.count(b"token_ids") != len(ids) + len(pids) + body.count(_PNULL):
+                return None
+            out = body
+        else:  # strip them; what is left must hold none (else the block goes the JSON way)
+            out = body.replace(_PNULL, b"")
+            if pids:
+                out = _PIDS.sub(b"", out)
+            out = _IDS.sub(b"", out)
+            if b"token_ids" in out:
+                return None
+        if not t.head:
+            first = _loads(body[6 : body.find(b"\n")])
+            if not isinstance(first, dict):
+                return None
+            t.head = {k: first[k] for k in ("id", "created", "model") if k in first}
+        if pids:
+            t.prompt_ids = _loads(pids[-1])
+        t.ids_raw += ids
+        t.text_raw += texts
+        if not _NOT_FINISHED.issuperset(fins):
+            t.finished = True
+        body = out
+    if stop:
+        t.done = True
+        body += DONE_EVENT
+    return body, stop
 
 
 def error_event(message: str, status: int = 503) -> bytes:
@@ -350,7 +489,7 @@ def error_event(message: str, status: int = 503) -> bytes:
 
 # ---------------------------------------------------------------------------------------------------- the gateway
 class Gateway:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, worker: int = 0, share_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.stats = Stats()
         self.health = Health(cfg)
@@ -358,12 +497,38 @@ class Gateway:
         self._runner: Any = None
         self._task: asyncio.Task | None = None
         self._key = f"Bearer {cfg.api_key}".encode() if cfg.api_key else b""
+        self.worker = worker
+        self.share_dir = share_dir  # where the workers' counters meet (cfg.workers > 1), else None
 
     # ------------------------------------------------------------------ helpers
     def _authorized(self, request: Any) -> bool:
         if not self._key:
             return True
         return hmac.compare_digest(request.headers.get("Authorization", "").encode(), self._key)
+
+    # ------------------------------------------------------------------ the workers' shared counters
+    def _share_path(self, k: int) -> Path | None:
+        return self.share_dir / f"worker-{k}.json" if self.share_dir is not None else None
+
+    def _share(self) -> None:
+        """Write this worker's counters where the other workers' /metrics read them (every health interval)."""
+        path = self._share_path(self.worker)
+        if path is not None:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.stats.snapshot()), encoding="utf-8")
+            tmp.replace(path)
+
+    def _others(self) -> list[dict[str, Any]]:
+        if self.share_dir is None:
+            return []
+        out = []
+        for k in range(self.cfg.workers):
+            path = self._share_path(k)
+            if k == self.worker or path is None:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                out.append(json.loads(path.read_text(encoding="utf-8")))
+        return out
 
     def _metrics_peer(self, request: Any) -> bool:
         """The client's address is one that reads /metrics without the key."""
@@ -439,7 +604,7 @@ class Gateway:
         ):
             ready, _ = self.health.readiness()
             up = {u: (self.health.roles[u], self.health.up.get(u, False)) for u in self.health.roles}
-            return web.Response(text=self.stats.text(ready, up), content_type="text/plain")
+            return web.Response(text=self.stats.merged(self._others()).text(ready, up), content_type="text/plain")
         if not self._authorized(request):
             return web.json_response({"error": "Unauthorized: send Authorization: Bearer <API key>"}, status=401)
         if path == "/health/detail":
@@ -507,7 +672,7 @@ class Gateway:
 
         chat = request.path == "/v1/chat/completions"
         try:
-            payload = json.loads(body)
+            payload = _loads(body)
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
@@ -516,7 +681,7 @@ class Gateway:
         can_replay = stream and replayable(payload, chat)
         up_body = body
         if can_replay and not payload.get("return_token_ids"):
-            up_body = json.dumps(payload | {"return_token_ids": True}).encode()
+            up_body = _dumps(payload | {"return_token_ids": True})
         headers = self._fwd_headers(request)
         route, extra, resp = "pd", {}, None
         short = self.cfg.layout == "pd" and 0 < len(body) < self.cfg.aggregate_below_bytes
@@ -577,38 +742,81 @@ class Gateway:
         return self._error(503, "the answer broke off and no decode instance could serve it again")
 
     async def _relay(self, resp: Any, out: Any, tracker: Tracker, replay: bool) -> None:
-        """Copy one upstream stream to the client until [DONE], a break or an error event."""
+        """Copy one upstream stream to the client until [DONE], a break or an error event.
+
+        Reads what the connection has (not line by line), relays each read's whole events in one write, and yields
+        to the loop after each, so that a stream with a backlog does not hold the others up. The first upstream's
+        plain chunks go the byte-level way (fast_block); replays, and anything fast_block declines, the JSON way."""
         import aiohttp
 
+        fast = not replay and tracker.base_prompt_tokens is None and not tracker.suppress and not tracker.client_has
+        tail = b""
+        limit = self.cfg.max_event_bytes
         try:
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
+            async for block in resp.content.iter_any():
+                buf = tail + block if tail else block
+                end = buf.rfind(b"\n\n")
+                end = end + 2 if end >= 0 else buf.rfind(b"\n") + 1
+                if end <= 0:
+                    if len(buf) > limit:
+                        tracker.error = f"an event of over {limit} bytes"
+                        return
+                    tail = buf
                     continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    tracker.done = True
-                    await out.write(b"data: [DONE]\n\n")
+                tail, body = buf[end:], buf[:end]
+                got = fast_block(body, tracker) if fast else None
+                if got is None:
+                    tracker.flush()
+                    got = self._json_block(body, tracker, replay)
+                data, stop = got
+                if data:
+                    await out.write(data)
+                    tracker.sent = True
+                if stop:
                     return
-                try:
-                    obj = json.loads(data)
-                except ValueError:
-                    continue
-                if replay:
-                    obj = tracker.as_client_chunk(obj)
-                    for c in obj.get("choices") or ():
-                        c.pop("prompt_token_ids", None)
-                chunk = tracker.take(obj)
-                if chunk is None:
-                    return
-                await out.write(sse(chunk))
-                tracker.sent = True
+                await asyncio.sleep(0)  # let the other streams' reads run (a read here may not have waited)
+            if tail:  # the last line without its newline (the line-by-line relay handled it too)
+                tracker.flush()
+                data, _ = self._json_block(tail, tracker, replay)
+                if data:
+                    await out.write(data)
+                    tracker.sent = True
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             tracker.error = f"{type(exc).__name__}: {exc}"[:300]
         finally:
             resp.release()
 
+    @staticmethod
+    def _json_block(body: bytes, tracker: Tracker, replay: bool) -> tuple[bytes, bool]:
+        """The line-by-line relay's handling of one read's lines, parsed as JSON: (bytes to send, stop)."""
+        parts: list[bytes] = []
+        for raw in body.split(b"\n"):
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                tracker.done = True
+                parts.append(DONE_EVENT)
+                return b"".join(parts), True
+            try:
+                obj = _loads(data)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if replay:
+                obj = tracker.as_client_chunk(obj)
+                for c in obj.get("choices") or ():
+                    c.pop("prompt_token_ids", None)
+            chunk = tracker.take(obj)
+            if chunk is None:
+                return b"".join(parts), True
+            parts.append(sse(chunk))
+        return b"".join(parts), False
+
     async def _break(self, out: Any, tracker: Tracker, reason: str) -> None:
+        tracker.flush()
         self.stats.bump(self.stats.broken, reason)
         why = {
             "not_replayable": "the request cannot be replayed (n > 1, tools, a grammar or logprobs)",
@@ -622,6 +830,7 @@ class Gateway:
 
     async def _migrate(self, out: Any, tracker: Tracker, payload: dict, chat: bool) -> None:
         """Replay the prompt and the tokens so far on a healthy decode instance, until the stream completes."""
+        tracker.flush()
         if tracker.prompt_ids is None and tracker.sent:  # chunks without the prompt's IDs: nothing to replay from
             await self._break(out, tracker, "not_replayable")
             return
@@ -648,7 +857,7 @@ class Gateway:
                 f"{f' ({tracker.error})' if tracker.error else ''}: replaying it from token {len(tracker.generated)}"
                 " on a decode instance"
             )
-            resp, url = await self._on_decode(path, json.dumps(body).encode(), self._instance_headers())
+            resp, url = await self._on_decode(path, _dumps(body), self._instance_headers())
             if resp is None:
                 self.stats.bump(self.stats.migrations, "failed")
                 await self._break(out, tracker, "no_decode_left")
@@ -726,7 +935,7 @@ class Gateway:
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
-    async def start(self) -> None:
+    async def start(self, sock: socket.socket | None = None) -> None:
         import aiohttp
         from aiohttp import web
 
@@ -734,40 +943,117 @@ class Gateway:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), auto_decompress=False
         )
         await self.health.check_once(self._session)
-        self._task = asyncio.create_task(self.health.run(self._session))
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self._task = asyncio.create_task(self.health.run(self._session, self._share))
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=30)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.cfg.host, self.cfg.port, backlog=4096).start()
+        if sock is not None:  # inherited (systemd socket activation) or bound by the parent before forking
+            await web.SockSite(self._runner, sock).start()
+        else:
+            await web.TCPSite(
+                self._runner, self.cfg.host, self.cfg.port, backlog=4096, reuse_port=self.cfg.workers > 1
+            ).start()
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
         if self._runner:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # stops accepting, lets the requests in flight finish (shutdown_timeout)
         if self._session:
             await self._session.close()
 
 
-async def serve(cfg: Config) -> None:
-    gw = Gateway(cfg)
-    await gw.start()
+async def serve(cfg: Config, sock: socket.socket | None = None, worker: int = 0, share: Path | None = None) -> None:
+    gw = Gateway(cfg, worker, share)
+    await gw.start(sock)
     print(
-        f"pdinfra gateway on {cfg.host}:{cfg.port} -> {cfg.router} ({cfg.layout}); decode {', '.join(cfg.decode)};"
-        f" migration attempts {cfg.migration_attempts}",
+        f"pdinfra gateway (worker {worker}, pid {os.getpid()}) on {cfg.host}:{cfg.port} -> {cfg.router} ({cfg.layout});"
+        f" decode {', '.join(cfg.decode)}; migration attempts {cfg.migration_attempts}"
+        f"{'; inherited socket' if sock is not None else ''}",
         flush=True,
     )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         await gw.stop()
+
+
+def inherited_socket() -> socket.socket | None:
+    """The listening socket systemd passed (sd_listen_fds: LISTEN_PID is us, LISTEN_FDS >= 1, fd 3)."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()) or int(os.environ.get("LISTEN_FDS", "0") or 0) < 1:
+        return None
+    for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(k, None)  # not for our children
+    sock = socket.socket(fileno=3)
+    sock.setblocking(False)
+    return sock
+
+
+def run_workers(cfg: Config, sock: socket.socket | None) -> int:
+    """cfg.workers processes on one port: each binds it with SO_REUSEPORT (the kernel spreads connections by
+    hash), or all accept on one socket (inherited, or bound here when listen is "shared": a worker that exits
+    loses no queued connection, and the idlest worker accepts first). A worker that dies is started again."""
+    if sock is None and cfg.listen == "shared":
+        sock = socket.create_server((cfg.host, cfg.port), backlog=4096, reuse_port=False)
+        sock.setblocking(False)
+    # the workers' counters meet here: systemd's RuntimeDirectory, else a private temporary directory
+    runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    share = Path(runtime) if runtime else Path(tempfile.mkdtemp(prefix="pdinfra-gateway-"))
+
+    def spawn(k: int) -> int:
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                asyncio.run(serve(cfg, sock, k, share))
+            except BaseException:  # noqa: BLE001
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            os._exit(code)
+        return pid
+
+    pids = {spawn(k): k for k in range(cfg.workers)}
+    stopping = False
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for p in list(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while pids:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        k = pids.pop(pid, None)
+        if not stopping and k is not None:
+            log(f"worker {k} (pid {pid}) exited ({status}): starting another")
+            time.sleep(0.2)
+            pids[spawn(k)] = k
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pdinfra.serving.gateway", description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, type=Path, help="JSON written by pdinfra (gateway.json)")
+    ap.add_argument("--workers", type=int, default=None, help="overrides the config's workers")
     args = ap.parse_args(argv)
     try:
-        cfg = Config.from_dict(json.loads(args.config.read_text(encoding="utf-8")))
+        d = json.loads(args.config.read_text(encoding="utf-8"))
+        if args.workers:
+            d["workers"] = args.workers
+        cfg = Config.from_dict(d)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"pdinfra gateway: {args.config}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
@@ -777,7 +1063,10 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(cfg))
+    sock = inherited_socket()
+    if cfg.workers > 1:
+        return run_workers(cfg, sock)
+    asyncio.run(serve(cfg, sock))
     return 0
 
 

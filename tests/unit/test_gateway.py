@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("aiohttp")
+import aiohttp  # noqa: E402
 from aiohttp import ClientSession, web  # noqa: E402
 
 from pdinfra.serving import gateway as gw  # noqa: E402
@@ -53,6 +60,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# vLLM writes its chunks as compact JSON (pydantic), which the gateway relays byte-level (gateway.fast_block);
+# spaced JSON goes its JSON path. Every test runs with both (the autouse fixture below).
+COMPACT = [True]
+
+
+@pytest.fixture(autouse=True, params=["compact", "spaced"])
+def chunk_json(request):
+    COMPACT[0] = request.param == "compact"
+    yield request.param
+    COMPACT[0] = True
 
 
 @dataclass
@@ -155,7 +174,8 @@ class Fake:
         head = {"id": f"{self.name}-{self.requests}", "created": 7, "model": "m"}
 
         async def send(obj: dict) -> None:
-            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False) if COMPACT[0] else json.dumps(obj)
+            await resp.write(b"data: " + text.encode() + b"\n\n")
 
         if chat:
             first = {
@@ -596,3 +616,233 @@ def test_six_streams_through_a_decode_that_dies_all_complete():
         assert st.gateway.stats.migrations["resumed"] == 6
 
     run(t, router={"die_after": 20})
+
+
+# ----------------------------------------------------------------------------- the byte-level relay (issue 48)
+def _choice(i, text, fin=None, pids=None, ids=True):
+    c = {"index": 0, "text": text, "logprobs": None, "finish_reason": fin, "stop_reason": None}
+    if ids:
+        c["prompt_token_ids"] = pids
+        c["token_ids"] = [1000 + i]
+    return c
+
+
+def _ev(obj) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+def _comp(choices):
+    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m", "choices": choices}
+
+
+TRICKY = ['he said "hi"', "a\\b", "\\", '"token_ids":[5]', ',"token_ids":[7]', '"finish_reason":"stop"',
+          "data: [DONE]", "ünïcødé ✓", "", "\n\n", '"error":1', '{"text":"x"}']  # fmt: skip
+DONE = b"data: [DONE]\n\n"
+BLOCKS = [
+    *[(f"text {t!r}", [_ev(_comp([_choice(0, "a", pids=[1, 2])])), _ev(_comp([_choice(1, t)])),
+                       _ev(_comp([_choice(2, "z", fin="length")])), DONE]) for t in TRICKY],
+    ("spaced JSON", [b"data: " + json.dumps(_comp([_choice(0, "a", pids=[1])])).encode() + b"\n\n", DONE]),
+    ("an error event", [_ev(_comp([_choice(0, "a", pids=[1])])), _ev({"error": {"message": "boom", "code": 500}})]),
+    ("no IDs asked", [_ev(_comp([_choice(0, "a", ids=False)])), _ev(_comp([_choice(1, "b", "length", ids=False)])),
+                      DONE]),
+    ("after [DONE]", [_ev(_comp([_choice(0, "a", pids=[1])])), DONE, _ev(_comp([_choice(1, "b")]))]),
+    ("an empty finish_reason", [_ev(_comp([_choice(0, "a", pids=[1], fin="")]))]),
+    ("a comment line", [b": ping\n\n", _ev(_comp([_choice(0, "a", pids=[1])]))]),
+]  # fmt: skip
+
+
+def _reference(parts: list[bytes], chat: bool, client_ids: bool) -> tuple[list, tuple]:
+    """The line-by-line relay before issue 48: every data line parsed and noted by Tracker.take."""
+    t, out = gw.Tracker(chat=chat, client_ids=client_ids), []
+    for line in b"".join(parts).split(b"\n"):
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            t.done = True
+            out.append("[DONE]")
+            break
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            continue
+        chunk = t.take(obj)
+        if chunk is None:
+            break
+        out.append(chunk)
+    return out, (t.prompt_ids, t.generated, "".join(t.text), t.finished, t.done, t.error, t.head)
+
+
+def _events(raw: bytes) -> list:
+    return [("[DONE]" if e.strip() == b"data: [DONE]" else json.loads(e.strip()[6:]))
+            for e in raw.split(b"\n\n") if e.strip()]  # fmt: skip
+
+
+@pytest.mark.parametrize("split", ["one read", "a read per event"])
+@pytest.mark.parametrize("client_ids", [False, True])
+@pytest.mark.parametrize("name", [b[0] for b in BLOCKS])
+def test_the_byte_level_relay_equals_the_line_by_line_one(name, client_ids, split, chunk_json):
+    """gateway.fast_block (or the JSON path it declines to) leaves the stream's tracker, and sends the client, what
+    parsing every line did: the prompt's and the generated token IDs, the text, finished / done / error."""
+    if chunk_json == "spaced":
+        pytest.skip("one run is enough: the blocks hold both forms")
+    evs = dict(BLOCKS)[name]
+    parts = [b"".join(evs)] if split == "one read" else evs
+    want, state = _reference(parts, False, client_ids)
+    t, got, fast = gw.Tracker(chat=False, client_ids=client_ids), [], 0
+    for p in parts:
+        r = gw.fast_block(p, t)
+        if r is None:
+            t.flush()
+            r = gw.Gateway._json_block(p, t, False)
+        else:
+            fast += 1
+        got += _events(r[0]) if r[0] else []
+        if r[1]:
+            break
+    t.flush()
+    assert (t.prompt_ids, t.generated, "".join(t.text), t.finished, t.done, t.error, t.head) == state
+    assert got == want
+    if name.startswith("text 'he said"):
+        assert fast, "the plain vLLM shape must take the byte-level path"
+
+
+def test_a_chat_stream_byte_level_equals_line_by_line():
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    first = {
+        **head,
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+                "token_ids": [],
+            }
+        ],
+        "prompt_token_ids": [1, 2, 3],
+    }
+    mid = {
+        **head,
+        "choices": [
+            {"index": 0, "delta": {"content": 'x "y"'}, "logprobs": None, "finish_reason": None, "token_ids": [1000]}
+        ],
+        "prompt_token_ids": None,
+    }
+    end = {**head, "choices": [{"index": 0, "delta": {"content": None}, "logprobs": None, "finish_reason": "stop",
+                                "token_ids": [1001]}], "prompt_token_ids": None}  # fmt: skip
+    for client_ids in (False, True):
+        parts = [_ev(first), _ev(mid), _ev(end), DONE]
+        want, state = _reference(parts, True, client_ids)
+        t = gw.Tracker(chat=True, client_ids=client_ids)
+        r = gw.fast_block(b"".join(parts), t) or gw.Gateway._json_block(b"".join(parts), t, False)
+        t.flush()
+        assert (t.prompt_ids, t.generated, "".join(t.text), t.finished, t.done, t.error, t.head) == state
+        assert _events(r[0]) == want
+
+
+def test_workers_and_listen_are_checked():
+    base = {"host": "127.0.0.1", "port": 1, "router": "http://r", "decode": ["http://d"]}
+    assert gw.Config.from_dict(base | {"workers": 4, "listen": "shared"}).workers == 4
+    for bad in ({"workers": 0}, {"listen": "fork"}):
+        with pytest.raises(ValueError, match="workers >= 1"):
+            gw.Config.from_dict(base | bad)
+
+
+# ----------------------------------------------------------------------------- workers and the held socket
+LAUNCH = (
+    "import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ.update(LISTEN_FDS='1', LISTEN_PID=str(os.getpid()));"
+    "os.execv(sys.executable, [sys.executable, '-m', 'pdinfra.serving.gateway', '--config', sys.argv[2]])"
+)
+
+
+def _gateway_process(cfg_path: Path, sock: socket.socket) -> subprocess.Popen:
+    """The gateway as systemd starts it from pdinfra-gateway.socket: the listening socket inherited as fd 3."""
+    return subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, str(sock.fileno()), str(cfg_path)],
+        pass_fds=(sock.fileno(),),
+        env={**os.environ, "PYTHONPATH": str(Path(gw.__file__).parents[2])},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_workers_on_a_held_socket_refuse_no_connection_when_one_dies_or_all_restart(tmp_path, chunk_json):
+    """Issue 48: two workers accept on one socket that outlives them (systemd's, here the test's). SIGKILL of a
+    worker under load: its streams in flight fail, no connection is refused, the worker comes back; the whole
+    gateway killed and started again: connections made meanwhile wait in the backlog and are served. /metrics
+    sums the workers' counters."""
+    if chunk_json == "spaced":
+        pytest.skip("one run is enough: the chunks' form does not matter here")
+    sock = socket.create_server(("127.0.0.1", 0), backlog=512)
+    port = sock.getsockname()[1]
+
+    async def t(st: Stack):
+        cfg = {"host": "127.0.0.1", "port": port, "router": st.router.url, "prefill": [st.prefill.url],
+               "decode": [d.url for d in st.decodes], "api_key": KEY, "health_interval_s": 0.2, "workers": 2,
+               "listen": "shared"}  # fmt: skip
+        (tmp_path / "gw.json").write_text(json.dumps(cfg))
+        proc = _gateway_process(tmp_path / "gw.json", sock)
+        url, outcomes = f"http://127.0.0.1:{port}", {"ok": 0, "refused": 0, "broken": 0}
+
+        async def one(s: ClientSession) -> None:
+            body = {"model": "m", "prompt": PROMPT, "max_tokens": 4}
+            try:
+                async with s.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}) as r:
+                    await r.read()
+                    outcomes["ok" if r.status == 200 else "broken"] += 1
+            except aiohttp.ClientConnectorError:
+                outcomes["refused"] += 1
+            except aiohttp.ClientError:
+                outcomes["broken"] += 1
+
+        async def load(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            async with ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                while time.monotonic() < end:
+                    await asyncio.gather(*(one(s) for _ in range(8)))
+
+        try:
+            deadline = time.monotonic() + 20
+            while len(_children(proc.pid)) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await load(1.0)
+            assert outcomes["ok"] > 0, proc.stderr
+            workers = _children(proc.pid)
+            assert len(workers) == 2
+            os.kill(workers[0], signal.SIGKILL)
+            await load(2.0)
+            assert outcomes["refused"] == 0, outcomes
+            assert len(_children(proc.pid)) == 2 and workers[0] not in _children(proc.pid)
+            async with ClientSession() as s, s.get(url + "/metrics") as r:
+                text = await r.text()
+            served = sum(
+                float(x.split()[-1]) for x in text.splitlines() if x.startswith("pdinfra_gateway_requests_total{")
+            )
+            assert served > 0
+            # the whole gateway goes (a restart): the socket stays, so a client's connection waits for the next one
+            for w in [*_children(proc.pid), proc.pid]:
+                os.kill(w, signal.SIGKILL)
+            proc.wait(timeout=10)
+            pending = asyncio.create_task(load(0.1))
+            await asyncio.sleep(0.5)
+            before = dict(outcomes)
+            proc = _gateway_process(tmp_path / "gw.json", sock)
+            await asyncio.wait_for(pending, timeout=30)
+            assert outcomes["refused"] == 0 and outcomes["ok"] > before["ok"], outcomes
+        finally:
+            proc.kill()
+            for w in _children(proc.pid) if proc.poll() is None else ():
+                os.kill(w, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    try:
+        run(t)
+    finally:
+        sock.close()
