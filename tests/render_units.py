@@ -79,6 +79,12 @@ PLAY = """
         dest: "{out}/{{{{ inventory_hostname }}}}-gateway.service"
         mode: "0644"
       when: pdinfra_node.router is not none
+    - name: The gateway's socket
+      ansible.builtin.template:
+        src: "{repo}/roles/pd_router/templates/pdinfra-gateway.socket.j2"
+        dest: "{out}/{{{{ inventory_hostname }}}}-gateway.socket"
+        mode: "0644"
+      when: pdinfra_node.router is not none
 """
 
 

@@ -6,6 +6,7 @@ defaults and the inventory's variables: what a real GPU cluster would get in /et
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 import sys
@@ -363,3 +364,11 @@ def test_the_gateway_configuration_is_what_the_gateway_reads(rendered, monkeypat
     assert cfg.api_key == "sk-from-gateway-env"
     unit = (rendered / "hgx-h100-01-gateway.service").read_text()
     assert "EnvironmentFile=/etc/pdinfra/gateway.env" in unit
+    # issue 47: /metrics without the key only from loopback, the PD hosts and the admin networks
+    assert cfg.metrics_networks[:2] == (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1"))
+    assert {str(n) for n in cfg.metrics_networks[2:]} >= {"198.18.0.11/32", "198.18.0.12/32"}
+    # issue 48: the workers share the socket that pdinfra-gateway.socket holds
+    assert cfg.listen == "shared" and cfg.workers >= 1
+    assert "Requires=pdinfra-gateway.socket" in unit and "RuntimeDirectory=pdinfra-gateway" in unit
+    sock = (rendered / "hgx-h100-01-gateway.socket").read_text()
+    assert "ListenStream=0.0.0.0:8000" in sock and "Service=pdinfra-gateway.service" in sock
