@@ -464,6 +464,7 @@ ROLE_RULES: dict[str, Rule] = {
     "pd_router_probe_integrity_interval_s": _r("s", 0, 86400),
     "pd_router_migration_attempts": _r("count", 0, 10),
     "pd_router_gateway_health_interval_s": _r("s", 1, 60),
+    "pd_router_gateway_workers": _r("count", 1, 64),
     "pd_monitoring_instance_down_for": _r("duration"),
     "pd_monitoring_probe_failing_for": _r("duration"),
     "pd_monitoring_slo_for": _r("duration"),

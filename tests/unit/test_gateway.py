@@ -675,8 +675,8 @@ def _reference(parts: list[bytes], chat: bool, client_ids: bool) -> tuple[list, 
 
 
 def _events(raw: bytes) -> list:
-    return [("[DONE]" if e.strip() == b"data: [DONE]" else json.loads(e.strip()[6:]))
-            for e in raw.split(b"\n\n") if e.strip()]  # fmt: skip
+    events = [e.strip() for e in raw.split(b"\n\n") if e.strip()]
+    return ["[DONE]" if e == b"data: [DONE]" else json.loads(e[6:]) for e in events]
 
 
 @pytest.mark.parametrize("split", ["one read", "a read per event"])
