@@ -254,7 +254,9 @@ def resolve_rails(
     mgmt = None
     with contextlib.suppress(ValueError, TypeError):
         mgmt = ipaddress.ip_interface(str(addr_cidr)).network if addr_cidr else None
-    ucx = {str(n.get("netdev")): str(n.get("rdma_dev", "")) for n in hv.get("ucx_nics") or [] if isinstance(n, dict)}
+    ucx_list = [n for n in hv.get("ucx_nics") or [] if isinstance(n, dict)]
+    ucx = {str(n["netdev"]): str(n.get("rdma_dev") or "") for n in ucx_list if n.get("netdev")}
+    ucx_devs = {str(n["rdma_dev"]) for n in ucx_list if n.get("rdma_dev")}
     mtu_raw = role_value(hv, "rdma_roce_mtu")
     mtu = int(mtu_raw) if str(mtu_raw).isdigit() else 9000
     rails: list[Rail] = []
@@ -321,6 +323,13 @@ def resolve_rails(
                 f"{where}.netdev",
                 f"{netdev} is not among ucx_nics' netdevs ({', '.join(sorted(ucx))}): the UCX environment would name "
                 "NICs the rails do not configure (a NIC renamed in one list and not the other)",
+                host,
+            )
+        elif not ucx and ucx_devs and nic.get("rdma_dev") and str(nic["rdma_dev"]) not in ucx_devs:
+            ck.add(
+                f"{where}.rdma_dev",
+                f"{nic['rdma_dev']} is not among ucx_nics' RDMA devices ({', '.join(sorted(ucx_devs))}): the UCX "
+                "environment would name NICs the rails do not configure",
                 host,
             )
         elif ucx and nic.get("rdma_dev") and ucx[netdev] and str(nic["rdma_dev"]) != ucx[netdev]:
