@@ -81,9 +81,11 @@ def ansible_env(**extra: str) -> dict[str, str]:
     """The environment every Ansible command of pdinfra runs with: the project's ansible.cfg (or the operator's own,
     ``ANSIBLE_CONFIG``, with pdinfra's content paths added in front of its own), this venv first."""
     env = dict(os.environ)
-    if operator_config(env) is None:
+    own = operator_config(env)
+    if own is None:
         env["ANSIBLE_CONFIG"] = str(paths.REPO / "ansible.cfg")
-    else:
+    else:  # absolute: ansible-runner starts Ansible in another directory
+        env["ANSIBLE_CONFIG"] = str(own.absolute())
         env.update(_content_env(env))
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env.update(extra)
@@ -92,7 +94,7 @@ def ansible_env(**extra: str) -> dict[str, str]:
 
 def runner_env(ansible_path: Path, env: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
     """ansible-runner's environment: ``ansible_env()`` with ``env`` over it, then this venv's and Ansible's directory
-    in front of whatever PATH that gave, and the project's ansible.cfg whatever ``env`` said."""
+    in front of whatever PATH that gave, and the project's ansible.cfg unless the operator's own is honoured."""
     merged = {**ansible_env(ANSIBLE_NOCOLOR="1", MAX_EVENT_RES=str(MAX_EVENT_RES), **extra), **(env or {})}
     front = [str(ansible_path), str(Path(sys.executable).parent)]
     rest = [d for d in merged.get("PATH", "").split(":") if d and d not in front]

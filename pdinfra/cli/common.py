@@ -80,11 +80,12 @@ UpInv = Annotated[
 
 def load_inventory(inv: Path):
     """The raw inventory (the test hosts read it)."""
+    from pdinfra.cluster.checker import ClusterError
     from pdinfra.cluster.inventory import InventoryError, load
 
     try:
         return load(inv)
-    except InventoryError as exc:
+    except (InventoryError, ClusterError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
 

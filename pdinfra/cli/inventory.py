@@ -105,12 +105,13 @@ def trust_cmd(
     from rich.console import Console
     from rich.table import Table
 
+    from pdinfra.cluster.checker import ClusterError
     from pdinfra.cluster.inventory import InventoryError, load
     from pdinfra.host import known_hosts as kh
 
     try:
         inv = load(inventory)
-    except InventoryError as exc:
+    except (InventoryError, ClusterError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--inventory") from exc
     hosts = inv.group("all")
     scanned = []

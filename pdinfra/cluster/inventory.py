@@ -128,10 +128,10 @@ def orphan_vars(sources: list[Path], groups: list[str], hosts: list[str]) -> lis
 # group_vars, host_vars, vars_plugins) and the default INVENTORY_IGNORE_EXTS / PATTERNS.
 _ANSIBLE_IGNORES = re.compile(
     r"^\.|^host_vars$|^group_vars$|^vars_plugins$|"
-    r"(\.pyc|\.pyo|\.swp|\.bak|~|\.rpm|\.md|\.txt|\.rst|\.orig|\.ini|\.cfg|\.retry)$"
+    r"(\.pyc|\.pyo|\.swp|\.bak|~|\.rpm|\.md|\.txt|\.rst|\.orig|\.cfg|\.retry)$"
 )
 # Where a key is kept: pdinfra's former default (credentials/api.key) and the usual names of key files.
-_SECRET_FILE = re.compile(r"(^|/)credentials/|\.(key|pem|token)$|(^|/)api[._-]?key")
+_SECRET_FILE = re.compile(r"(^|/)credentials/|(^|/)(api[._-]?key|[^/]*\.(key|pem|token))$")
 KEY_DIR = ".credentials"  # the examples' key place beside hosts.yml: Ansible skips a leading dot in every directory
 
 

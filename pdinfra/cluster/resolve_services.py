@@ -228,7 +228,7 @@ def resolve_monitoring(ck: Checker, hosts: list[Host], routers: list[Router], cl
     targets = {
         "vllm": tuple(i.url.removeprefix("http://") for h in pd for i in h.instances),
         "router": tuple(f"{r.address}:{r.metrics_port}" for r in routers),
-        # the API gateway's /metrics (migrations, broken streams, readiness) on the client port, open as vLLM's
+        # the API gateway's /metrics on the client port (open to the cluster's hosts and admin networks)
         "gateway": tuple(f"{r.address}:{r.port}" for r in routers),
         "node": tuple(f"{h.address}:{node_port}" for h in pd),
     }

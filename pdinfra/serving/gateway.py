@@ -466,7 +466,10 @@ def fast_block(body: bytes, t: Tracker) -> tuple[bytes, bool] | None:
             if b"token_ids" in out:
                 return None
         if not t.head:
-            first = _loads(body[6 : body.find(b"\n")])
+            try:
+                first = _loads(body[6 : body.find(b"\n")])
+            except ValueError:
+                return None
             if not isinstance(first, dict):
                 return None
             t.head = {k: first[k] for k in ("id", "created", "model") if k in first}
@@ -944,7 +947,7 @@ class Gateway:
         )
         await self.health.check_once(self._session)
         self._task = asyncio.create_task(self.health.run(self._session, self._share))
-        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=30)
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=8)
         await self._runner.setup()
         if sock is not None:  # inherited (systemd socket activation) or bound by the parent before forking
             await web.SockSite(self._runner, sock).start()
@@ -1006,6 +1009,8 @@ def run_workers(cfg: Config, sock: socket.socket | None) -> int:
     def spawn(k: int) -> int:
         pid = os.fork()
         if pid == 0:
+            for sig in (signal.SIGTERM, signal.SIGINT):  # not the supervisor's handler: serve() installs its own
+                signal.signal(sig, signal.SIG_DFL)
             code = 0
             try:
                 asyncio.run(serve(cfg, sock, k, share))
@@ -1017,8 +1022,9 @@ def run_workers(cfg: Config, sock: socket.socket | None) -> int:
             os._exit(code)
         return pid
 
-    pids = {spawn(k): k for k in range(cfg.workers)}
+    pids: dict[int, int] = {}
     stopping = False
+    exits: list[float] = []  # when workers exited: too many too fast and the supervisor gives up (systemd restarts)
 
     def on_signal(signum: int, _frame: Any) -> None:
         nonlocal stopping
@@ -1029,6 +1035,8 @@ def run_workers(cfg: Config, sock: socket.socket | None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    for k in range(cfg.workers):
+        pids[spawn(k)] = k
     while pids:
         try:
             pid, status = os.wait()
@@ -1037,10 +1045,17 @@ def run_workers(cfg: Config, sock: socket.socket | None) -> int:
         except InterruptedError:
             continue
         k = pids.pop(pid, None)
+        now = time.monotonic()
+        exits = [t for t in exits if now - t < 30] + [now]
+        if len(exits) > 5 * cfg.workers:
+            log(f"{len(exits)} worker exits within 30 s: stopping (systemd's Restart= and start limits take over)")
+            on_signal(signal.SIGTERM, None)
+            return 1
         if not stopping and k is not None:
             log(f"worker {k} (pid {pid}) exited ({status}): starting another")
             time.sleep(0.2)
-            pids[spawn(k)] = k
+            if not stopping:
+                pids[spawn(k)] = k
     return 0
 
 

@@ -58,6 +58,10 @@ def test_a_key_file_where_a_directory_inventory_would_parse_it_is_named(tmp_path
     found = [p.message for p in secrets_in_inventory([site])]
     assert len(found) == 2 and any(str(site / "credentials" / "api.key") in m for m in found)
     assert any(str(site / "tokens" / "hf.token") in m for m in found)
+    # names that only look alike are inventory, not secrets
+    for name in ("apikey-server.yml", "api-keystone.yml", "keys.yml", "monkey.yml"):
+        (site / name).write_text("all: {}\n")
+    assert len(secrets_in_inventory([site])) == 2
     # the former default place is refused whatever -i is, so that no new key replaces the clients' one unseen
     (site / "tokens" / "hf.token").unlink()
     msgs = [p.message for p in secrets_in_inventory([site / "hosts.yml"])]
