@@ -189,9 +189,7 @@ def test_a_host_whose_key_changed_is_refused(cluster, tmp_path):
     known = testhosts.known_hosts()
     trust = [str(BIN / "pdinfra"), "inventory", "trust", "-i", str(INV), "--known-hosts"]
     res = run([*trust, str(known), "--dry-run"], log="31-trust-known")
-    assert res.returncode == 0 and res.stdout.count("known") >= 2 and "new" not in res.stdout.split("state")[1], (
-        res.stdout
-    )
+    assert res.returncode == 0 and "0 host(s) new" in res.stdout, res.stdout + res.stderr
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     forged = tmp_path / "known_hosts"
