@@ -48,6 +48,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -177,6 +178,14 @@ class Stats:
             "failed": self.failed,
             "in_flight": self.in_flight,
         }
+
+    @classmethod
+    def resumed(cls, snap: dict[str, Any]) -> Stats:
+        """A restarted worker's counters go on from its predecessor's last snapshot (counters never go back:
+        Prometheus's rate() would read a drop as a reset of the whole gateway). In flight starts at 0."""
+        out = cls().merged([snap])
+        out.in_flight = 0
+        return out
 
     def merged(self, others: list[dict[str, Any]]) -> Stats:
         """These counters plus the other workers' snapshots: one /metrics for the whole gateway."""
@@ -502,6 +511,10 @@ class Gateway:
         self._key = f"Bearer {cfg.api_key}".encode() if cfg.api_key else b""
         self.worker = worker
         self.share_dir = share_dir  # where the workers' counters meet (cfg.workers > 1), else None
+        path = self._share_path(worker)
+        if path is not None:  # a worker started again: its predecessor's counters, not zero
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                self.stats = Stats.resumed(json.loads(path.read_text(encoding="utf-8")))
 
     # ------------------------------------------------------------------ helpers
     def _authorized(self, request: Any) -> bool:
@@ -1005,6 +1018,15 @@ def run_workers(cfg: Config, sock: socket.socket | None) -> int:
     # the workers' counters meet here: systemd's RuntimeDirectory, else a private temporary directory
     runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
     share = Path(runtime) if runtime else Path(tempfile.mkdtemp(prefix="pdinfra-gateway-"))
+    try:
+        return _supervise(cfg, sock, share)
+    finally:
+        if not runtime:  # systemd removes its RuntimeDirectory; a private one is removed here
+            shutil.rmtree(share, ignore_errors=True)
+
+
+def _supervise(cfg: Config, sock: socket.socket | None, share: Path) -> int:
+    """Fork cfg.workers workers and start again each one that exits, until a signal or too many exits."""
 
     def spawn(k: int) -> int:
         pid = os.fork()

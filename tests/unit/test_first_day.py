@@ -70,15 +70,16 @@ def test_a_key_file_where_a_directory_inventory_would_parse_it_is_named(tmp_path
 
 @pytest.mark.slow
 def test_every_inventory_form_the_docs_use_keeps_the_key_out_of_every_output(tmp_path):
-    """check-config with -i as the hosts file, the directory and the directory with a slash, from a directory that
-    is no checkout, with relative paths; ansible-inventory on the directory; the key's value is in no output and no
-    host list, and a key in the former place stops the run before Ansible templates anything (no new key, no
-    nested credentials/credentials)."""
+    """check-config with -i as the hosts file and as the directory (with the slash the docs write), from a directory
+    that is no checkout, with relative paths; ansible-inventory on the directory; the key's value is in no output and
+    no host list, and a key in the former place stops the run before Ansible templates anything (no new key, no
+    nested credentials/credentials). `-i site` takes the same path as `site/` (one Path); the hosts-file form of
+    the former place is the unit test above."""
     site = tmp_path / "site"
     shutil.copytree(EXAMPLE, site, ignore=shutil.ignore_patterns(".credentials", "credentials"))
     env = playbook.ansible_env()
     outputs = []
-    for form in ("site/hosts.yml", "site", "site/"):
+    for form in ("site/hosts.yml", "site/"):
         res = subprocess.run(
             [PDINFRA, "check-config", "-i", form], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )
@@ -99,12 +100,11 @@ def test_every_inventory_form_the_docs_use_keeps_the_key_out_of_every_output(tmp
     assert all(key not in out for out in [*outputs, listing.stdout, listing.stderr])
     # the former place: refused naming the file, before any value is templated
     shutil.move(site / ".credentials", site / "credentials")
-    for form in ("site/", "site/hosts.yml"):
-        res = subprocess.run(
-            [PDINFRA, "check-config", "-i", form], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-        )
-        out = res.stdout + res.stderr
-        assert res.returncode != 0 and "site/credentials/api.key" in out and key not in out, out[-2000:]
+    res = subprocess.run(
+        [PDINFRA, "check-config", "-i", "site/"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "site/credentials/api.key" in out and key not in out, out[-2000:]
     assert not (site / ".credentials").exists() and not (site / "credentials" / "credentials").exists()
     # ansible-playbook site.yml straight (the action plugin checks the same, before templating)
     res = subprocess.run(

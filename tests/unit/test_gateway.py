@@ -742,6 +742,12 @@ def test_a_chat_stream_byte_level_equals_line_by_line():
         assert _events(r[0]) == want
 
 
+def test_a_restarted_workers_counters_go_on_from_its_last_snapshot():
+    st = gw.Stats(requests={("pd", "stream"): 7}, failed={"no decode": 2}, in_flight=3)
+    back = gw.Stats.resumed(json.loads(json.dumps(st.snapshot())))
+    assert (back.requests, back.failed, back.in_flight) == ({("pd", "stream"): 7}, {"no decode": 2}, 0)
+
+
 def test_workers_and_listen_are_checked():
     base = {"host": "127.0.0.1", "port": 1, "router": "http://r", "decode": ["http://d"]}
     assert gw.Config.from_dict(base | {"workers": 4, "listen": "shared"}).workers == 4
@@ -757,12 +763,16 @@ LAUNCH = (
 )
 
 
-def _gateway_process(cfg_path: Path, sock: socket.socket) -> subprocess.Popen:
+def _gateway_process(cfg_path: Path, sock: socket.socket, tmp: Path | None = None) -> subprocess.Popen:
     """The gateway as systemd starts it from pdinfra-gateway.socket: the listening socket inherited as fd 3."""
+    env = {**os.environ, "PYTHONPATH": str(Path(gw.__file__).parents[2])}
+    env.pop("RUNTIME_DIRECTORY", None)
+    if tmp is not None:
+        env["TMPDIR"] = str(tmp)
     return subprocess.Popen(
         [sys.executable, "-c", LAUNCH, str(sock.fileno()), str(cfg_path)],
         pass_fds=(sock.fileno(),),
-        env={**os.environ, "PYTHONPATH": str(Path(gw.__file__).parents[2])},
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -777,7 +787,8 @@ def test_workers_on_a_held_socket_refuse_no_connection_when_one_dies_or_all_rest
     """Issue 48: two workers accept on one socket that outlives them (systemd's, here the test's). SIGKILL of a
     worker under load: its streams in flight fail, no connection is refused, the worker comes back; the whole
     gateway killed and started again: connections made meanwhile wait in the backlog and are served. /metrics
-    sums the workers' counters."""
+    sums the workers' counters, and a restarted worker's go on from its predecessor's (they never go back). Stopped
+    outside systemd, the supervisor removes the private directory where the counters met."""
     if chunk_json == "spaced":
         pytest.skip("one run is enough: the chunks' form does not matter here")
     sock = socket.create_server(("127.0.0.1", 0), backlog=512)
@@ -802,6 +813,13 @@ def test_workers_on_a_held_socket_refuse_no_connection_when_one_dies_or_all_rest
             except aiohttp.ClientError:
                 outcomes["broken"] += 1
 
+        async def served() -> float:
+            async with ClientSession() as s, s.get(url + "/metrics") as r:
+                text = await r.text()
+            return sum(
+                float(x.split()[-1]) for x in text.splitlines() if x.startswith("pdinfra_gateway_requests_total{")
+            )
+
         async def load(seconds: float) -> None:
             end = time.monotonic() + seconds
             async with ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
@@ -814,18 +832,15 @@ def test_workers_on_a_held_socket_refuse_no_connection_when_one_dies_or_all_rest
                 await asyncio.sleep(0.1)
             await load(1.0)
             assert outcomes["ok"] > 0, proc.stderr
+            await asyncio.sleep(0.5)  # every worker shares its counters (each health interval)
+            served_before = await served()
             workers = _children(proc.pid)
             assert len(workers) == 2
             os.kill(workers[0], signal.SIGKILL)
             await load(2.0)
             assert outcomes["refused"] == 0, outcomes
             assert len(_children(proc.pid)) == 2 and workers[0] not in _children(proc.pid)
-            async with ClientSession() as s, s.get(url + "/metrics") as r:
-                text = await r.text()
-            served = sum(
-                float(x.split()[-1]) for x in text.splitlines() if x.startswith("pdinfra_gateway_requests_total{")
-            )
-            assert served > 0
+            assert await served() >= served_before > 0
             # the whole gateway goes (a restart): the socket stays, so a client's connection waits for the next one
             for w in [*_children(proc.pid), proc.pid]:
                 os.kill(w, signal.SIGKILL)
@@ -833,9 +848,14 @@ def test_workers_on_a_held_socket_refuse_no_connection_when_one_dies_or_all_rest
             pending = asyncio.create_task(load(0.1))
             await asyncio.sleep(0.5)
             before = dict(outcomes)
-            proc = _gateway_process(tmp_path / "gw.json", sock)
+            (tmp_path / "t2").mkdir()
+            proc = _gateway_process(tmp_path / "gw.json", sock, tmp_path / "t2")
             await asyncio.wait_for(pending, timeout=30)
             assert outcomes["refused"] == 0 and outcomes["ok"] > before["ok"], outcomes
+            assert [p.name for p in (tmp_path / "t2").iterdir()] != []
+            proc.terminate()
+            assert proc.wait(timeout=20) == 0
+            assert list((tmp_path / "t2").iterdir()) == []
         finally:
             proc.kill()
             for w in _children(proc.pid) if proc.poll() is None else ():
