@@ -47,12 +47,13 @@ def endpoints_from_cluster(
     if not decode:
         raise LiveBenchError("the cluster has no decode instance")
     router = cluster.router
+    front = cluster.client_url  # the clients' address: the front door's virtual IP, else the first router
     agg_instances = instances if redeploy else list(decode[:1])
     layouts = {
-        "pd": LayoutEndpoint("pd", router.url, tuple(instances)),
+        "pd": LayoutEndpoint("pd", front, tuple(instances)),
         "agg": LayoutEndpoint(
             "agg",
-            router.url if redeploy else decode[0].url,
+            front if redeploy else decode[0].url,
             tuple(Instance(i.name, "agg", i.url, i.gpus) for i in agg_instances),
         ),
     }

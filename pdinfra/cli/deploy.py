@@ -68,11 +68,21 @@ def check_config_cmd(
     console.print(
         f"[green]ok[/] {len(cluster.pd_hosts)} PD hosts, {len(cluster.instances)} instances; {cluster.profile} "
         f"profile, {cluster.model.name} ({cluster.model.shape or 'no shape'}), block size {cluster.block_size}, "
-        f"dtype {cluster.dtype}, layout {cluster.layout}, router {cluster.router.url}"
+        f"dtype {cluster.dtype}, layout {cluster.layout}, {front_door_line(cluster)}"
     )
     console.print(model_note(cluster))
     for note in driver_notes(cluster):
         console.print(f"[yellow]note[/] {note}")
+
+
+def front_door_line(cluster) -> str:  # noqa: ANN001 - a pdinfra.cluster.model.Cluster
+    """Where clients go: the virtual IP and the router hosts behind it, or the one router."""
+    fd = cluster.front_door
+    if fd is not None:
+        return f"clients {fd.url} (virtual IP over {', '.join(fd.routers)}, VRRP id {fd.vrid})"
+    if len(cluster.routers) > 1:
+        return f"routers {', '.join(cluster.router_urls)} (no virtual IP: pdinfra_router_vip, docs/front-door.md)"
+    return f"router {cluster.router.url}"
 
 
 def driver_notes(cluster) -> list[str]:  # noqa: ANN001 - a pdinfra.cluster.model.Cluster

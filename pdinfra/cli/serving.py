@@ -71,7 +71,7 @@ def probe_cmd(
     if json_out:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        table = Table(title=f"pdinfra probe: router {cluster.router.url}")
+        table = Table(title=f"pdinfra probe: clients' address {cluster.client_url}")
         for col in ("path", "verdict", "seconds", "evidence"):
             table.add_column(col, overflow="fold")
         for p in result.paths:

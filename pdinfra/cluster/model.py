@@ -99,6 +99,27 @@ class Router:
 
 
 @dataclass(frozen=True)
+class FrontDoor:
+    """The client address that survives the loss of a router host: a virtual IP that keepalived's VRRP keeps on
+    one router host whose gateway answers /health (pd_router role, docs/front-door.md)."""
+
+    vip: str  # the address clients use (no prefix)
+    vip_cidr: str  # with the serving subnet's prefix (keepalived's virtual_ipaddress)
+    vrid: int  # VRRP virtual router ID
+    port: int  # the router port, the same on every router host
+    routers: tuple[str, ...]  # router host names, in the order of their VRRP priority (the first is preferred)
+    peers: tuple[str, ...]  # their serving addresses, in the same order (keepalived's unicast peers)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.vip}:{self.port}"
+
+    def priority(self, host: str) -> int:
+        """VRRP priority of a router host: 150 for the first, 10 less for each next (distinct, all above 0)."""
+        return max(1, 150 - 10 * self.routers.index(host))
+
+
+@dataclass(frozen=True)
 class Firewall:
     """What a PD host lets in (rendered to nftables by the pd_firewall role): the PD ports (instances, NIXL side
     channels, UCX's TCP listeners, router metrics) only from the cluster's own addresses, the admin networks and the
@@ -207,6 +228,7 @@ class Cluster:
     # clients' and, under pdinfra_connector mooncake, the PD connector's (pdinfra_kv_store_port_range)
     mooncake_ports: str = "15000-16999"
     lmcache_buffer_mib: int = 2048  # pdinfra_connector lmcache: LMCache's pd_buffer_size per instance
+    front_door: FrontDoor | None = None  # pdinfra_router_vip: the virtual IP in front of the router hosts
     secrets: Secrets = field(default_factory=Secrets, compare=False, repr=False)
 
     # ------------------------------------------------------------------ lookups
@@ -239,6 +261,17 @@ class Cluster:
         if not self.routers:
             raise KeyError("the cluster has no router (inventory group 'router')")
         return self.routers[0]
+
+    @property
+    def client_url(self) -> str:
+        """Where clients (smoke, bench, probe's router path, the docs' examples) send requests: the front door's
+        virtual IP when there is one, else the first router host."""
+        return self.front_door.url if self.front_door is not None else self.router.url
+
+    @property
+    def router_urls(self) -> list[str]:
+        """Every router host's own gateway URL, in the inventory's order."""
+        return [r.url for r in self.routers]
 
     @property
     def tp(self) -> int:
@@ -331,6 +364,15 @@ class Cluster:
             monitoring=_monitoring(data.get("monitoring")),
             kv_store=KVStore(**{**data["kv_store"], "roles": tuple(data["kv_store"].get("roles", ("prefill",)))})
             if data.get("kv_store")
+            else None,
+            front_door=FrontDoor(
+                **{
+                    **data["front_door"],
+                    "routers": tuple(data["front_door"]["routers"]),
+                    "peers": tuple(data["front_door"]["peers"]),
+                }
+            )
+            if data.get("front_door")
             else None,
         )
 

@@ -54,6 +54,7 @@ from pdinfra.cluster.resolve_services import (
     parse_port_range,
     resolve_api_key,
     resolve_firewalls,
+    resolve_front_door,
     resolve_kv_store,
     resolve_monitoring,
     resolve_networks,
@@ -139,6 +140,7 @@ def _resolve(
     hosts, all_instances = _hosts_pass(inv, s)
     hosts, router_objs = _routers_pass(inv, s, hosts, all_instances)
     hosts, monitoring, kv_store = _services_pass(inv, s, plan, hosts, router_objs, all_instances)
+    front_door = resolve_front_door(inv.ck, hosts, router_objs, inv.cluster_value) if inv.serving else None
     resolve_roles.check_against_cluster(inv, s, hosts, router_objs, monitoring, kv_store)
     if ck.problems or (s.model is None and inv.serving):
         return Resolution(None, ck.problems)
@@ -164,6 +166,7 @@ def _resolve(
         kv_store=kv_store,
         mooncake_ports=str(s.store_values["pdinfra_kv_store_port_range"]),
         lmcache_buffer_mib=s.lmcache_buffer,
+        front_door=front_door,
         secrets=Secrets(api_key=str(s.api_key), hf_token=s.hf_token),
     )
     return Resolution(cluster, [])

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pdinfra.cluster.checker import Checker, show, suggest
-from pdinfra.cluster.model import Firewall, Host, Instance, KVStore, Monitoring, Router
+from pdinfra.cluster.model import Firewall, FrontDoor, Host, Instance, KVStore, Monitoring, Router
 from pdinfra.cluster.schema import PDINFRA
 
 
@@ -359,3 +359,58 @@ def resolve_firewalls(
         fw = Firewall(peers, ports, client, client_networks, admin_networks, admit_controller)
         out.append(dataclasses.replace(h, firewall=fw))
     return out
+
+
+def resolve_front_door(ck: Checker, hosts: list[Host], routers: list[Router], cluster_value: Any) -> FrontDoor | None:
+    """pdinfra_router_vip: the virtual IP keepalived keeps on one healthy router host. It must lie in every router
+    host's serving subnet (VRRP moves it between their interfaces), be nobody's address, and every router must
+    serve the same port (the client's URL names one)."""
+    vrid = cluster_value(PDINFRA["pdinfra_router_vrid"])  # checked whether a virtual IP is set or not
+    raw = str(cluster_value(PDINFRA["pdinfra_router_vip"]) or "").strip()
+    if not raw:
+        return None
+    var = "pdinfra_router_vip"
+    try:
+        vip = ipaddress.ip_interface(raw)
+    except ValueError:
+        ck.add(var, f"{raw!r} is not an address with prefix length (e.g. 198.18.0.10/24)")
+        return None
+    if "/" not in raw or vip.version != 4:
+        ck.add(var, f"{raw!r}: an IPv4 address with the serving subnet's prefix length, e.g. 198.18.0.10/24")
+        return None
+    if not routers:
+        ck.add(var, "a virtual IP needs router hosts (inventory group 'router')")
+        return None
+    by_name = {h.name: h for h in hosts}
+    for h in hosts:
+        if h.address == str(vip.ip):
+            ck.add(
+                var, f"{vip.ip} is {h.name}'s own address (pdinfra_address); the virtual IP must be a free one", h.name
+            )
+            return None
+    for r in routers:
+        cidr = by_name[r.host].address_cidr
+        if cidr is None or vip.ip not in ipaddress.ip_interface(cidr).network:
+            ck.add(
+                var,
+                f"{raw} is not in {r.host}'s serving subnet ({cidr or 'no pdinfra_address'}): VRRP moves the "
+                "virtual IP between the router hosts' serving interfaces, so every router host needs one in its subnet",
+                r.host,
+            )
+            return None
+    ports = {r.port for r in routers}
+    if len(ports) > 1:
+        ck.add(
+            "pdinfra_router_port",
+            "the router hosts serve different ports "
+            f"({', '.join(f'{r.host}: {r.port}' for r in routers)}); behind one virtual IP they need one",
+        )
+        return None
+    return FrontDoor(
+        vip=str(vip.ip),
+        vip_cidr=str(vip),
+        vrid=int(vrid) if vrid is not None else int(PDINFRA["pdinfra_router_vrid"].default),
+        port=routers[0].port,
+        routers=tuple(r.host for r in routers),
+        peers=tuple(r.address for r in routers),
+    )

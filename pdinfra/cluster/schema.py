@@ -315,6 +315,15 @@ PDINFRA_VARS: tuple[Var, ...] = (
        "`pdinfra_api_key_file`) a router whose `pdinfra_client_networks` admit every address (the default "
        "`0.0.0.0/0`), or that no firewall guards (`pdinfra_firewall: false`), serves anyone who reaches it, and "
        "`pdinfra check-config` refuses it unless this is true.", default=False),
+    _f("pdinfra_router_vip", "str", "The front door's virtual IP with prefix length (e.g. 198.18.0.10/24): "
+       "clients use it, and keepalived's VRRP (Debian's package) keeps it on one healthy router host of the `router` "
+       "group, moving it to another within about 2 s when that host or its gateway goes (docs/reliability.md). In "
+       "the serving subnet of every router host, and nobody's `pdinfra_address`. Empty: no virtual IP; clients use "
+       "a router host's address, or an external load balancer that checks each router's `/health` "
+       "(docs/front-door.md).", default=""),
+    _f("pdinfra_router_vrid", "int", "The VRRP virtual router ID of the front door's virtual IP: unique among the "
+       "VRRP groups on the serving network (another keepalived or a switch's VRRP with the same ID would fight over "
+       "it).", default=51, min=1, max=255),
     _f("pdinfra_admin_networks", "list", "Networks (CIDR) besides the cluster's own addresses allowed to reach the PD "
        "ports: a Prometheus server or dashboard of your own, other machines that run smoke, bench or advise. The "
        "controller that runs the plays needs no entry while `pdinfra_firewall_admit_controller` is true.", default=[]),
@@ -465,6 +474,7 @@ ROLE_RULES: dict[str, Rule] = {
     "pd_router_migration_attempts": _r("count", 0, 10),
     "pd_router_gateway_health_interval_s": _r("s", 1, 60),
     "pd_router_gateway_workers": _r("count", 1, 64),
+    "pd_router_vrrp_advert_ms": _r("ms", 100, 10_000),
     "pd_monitoring_instance_down_for": _r("duration"),
     "pd_monitoring_probe_failing_for": _r("duration"),
     "pd_monitoring_slo_for": _r("duration"),
@@ -483,6 +493,8 @@ ROLE_RULES: dict[str, Rule] = {
                                        "running kernel's)"),
     "nvidia_driver_dcgm_package": _p(r"^[a-z0-9][a-z0-9.+-]+$", "a Debian package name"),
     "nvidia_driver_persistenced_user": _p(r"^[a-z_][a-z0-9_-]{0,31}$", "a user name"),
+    "pd_router_vrrp_interface": _p(r"^([A-Za-z0-9_.:@-]{1,15})?$", "a network interface name, or empty (the one "
+                                   "that holds the host's serving address)"),
     "pd_monitoring_grafana_dashboards_dir": _p(r"^(/.*)?$", "an absolute path on the node, or empty"),
     # the role's own check (roles/nvidia_driver/tasks/validate.yml) compares `| string | lower`
     "nvidia_driver_fabricmanager": _p(r"^(?i:auto|true|false)$", "auto, true or false"),
@@ -546,6 +558,7 @@ DERIVED_ROLE_VARS: dict[str, str] = {
     "vllm_instance_list": "pdinfra_instances", "pd_firewall_rules": "pdinfra_instances",
     "vllm_instance_kv_store_config": "pdinfra_kv_store",
     "pd_kv_store_config": "pdinfra_kv_store", "pd_router_kv_connector": "pdinfra_connector",
+    "pd_router_vip": "pdinfra_router_vip",
     "pd_kv_store_here": "pdinfra_kv_store_host", "pd_kv_store_venv": "pdinfra_venv",
     "pd_kv_store_user": "pdinfra_service_user", "pd_model_name": "pdinfra_model.name",
     "pd_model_source": "pdinfra_model.source", "pd_model_controller_path": "pdinfra_model.controller_path",

@@ -120,6 +120,12 @@ class Config:
     workers: int = 1  # processes serving the port (run_workers)
     listen: str = "reuseport"  # reuseport: each worker binds with SO_REUSEPORT | shared: one socket, forked
     max_event_bytes: int = 16 * 1024 * 1024  # the longest SSE line buffered from an instance
+    # more addresses on the same port: the front door's virtual IP (bound before it is on the host: IP_FREEBIND)
+    also_bind: tuple[str, ...] = ()
+
+    @property
+    def binds(self) -> tuple[str, ...]:
+        return (self.host, *(a for a in self.also_bind if a != self.host))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Config:
@@ -148,6 +154,8 @@ class Config:
             ),
             workers=int(d.get("workers", 1)),
             listen=str(d.get("listen", "reuseport")),
+            max_event_bytes=int(d.get("max_event_bytes", 16 * 1024 * 1024)),
+            also_bind=tuple(str(a) for a in d.get("also_bind") or ()),
         )
         if cfg.workers < 1 or cfg.listen not in ("reuseport", "shared"):
             raise ValueError("workers >= 1, listen: reuseport or shared")
@@ -951,7 +959,7 @@ class Gateway:
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
-    async def start(self, sock: socket.socket | None = None) -> None:
+    async def start(self, socks: list[socket.socket] | None = None) -> None:
         import aiohttp
         from aiohttp import web
 
@@ -962,12 +970,10 @@ class Gateway:
         self._task = asyncio.create_task(self.health.run(self._session, self._share))
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=8)
         await self._runner.setup()
-        if sock is not None:  # inherited (systemd socket activation) or bound by the parent before forking
+        # inherited (systemd socket activation) or bound by the parent before forking; else bound here, each
+        # worker with SO_REUSEPORT
+        for sock in socks or [listener(h, self.cfg.port, self.cfg.workers > 1) for h in self.cfg.binds]:
             await web.SockSite(self._runner, sock).start()
-        else:
-            await web.TCPSite(
-                self._runner, self.cfg.host, self.cfg.port, backlog=4096, reuse_port=self.cfg.workers > 1
-            ).start()
 
     async def stop(self) -> None:
         if self._task:
@@ -978,13 +984,15 @@ class Gateway:
             await self._session.close()
 
 
-async def serve(cfg: Config, sock: socket.socket | None = None, worker: int = 0, share: Path | None = None) -> None:
+async def serve(
+    cfg: Config, socks: list[socket.socket] | None = None, worker: int = 0, share: Path | None = None
+) -> None:
     gw = Gateway(cfg, worker, share)
-    await gw.start(sock)
+    await gw.start(socks)
     print(
-        f"pdinfra gateway (worker {worker}, pid {os.getpid()}) on {cfg.host}:{cfg.port} -> {cfg.router} ({cfg.layout});"
-        f" decode {', '.join(cfg.decode)}; migration attempts {cfg.migration_attempts}"
-        f"{'; inherited socket' if sock is not None else ''}",
+        f"pdinfra gateway (worker {worker}, pid {os.getpid()}) on {', '.join(cfg.binds)} port {cfg.port} -> "
+        f"{cfg.router} ({cfg.layout}); decode {', '.join(cfg.decode)}; migration attempts {cfg.migration_attempts}"
+        f"{f'; {len(socks)} inherited socket(s)' if socks else ''}",
         flush=True,
     )
     stop = asyncio.Event()
@@ -997,35 +1005,60 @@ async def serve(cfg: Config, sock: socket.socket | None = None, worker: int = 0,
         await gw.stop()
 
 
-def inherited_socket() -> socket.socket | None:
-    """The listening socket systemd passed (sd_listen_fds: LISTEN_PID is us, LISTEN_FDS >= 1, fd 3)."""
-    if os.environ.get("LISTEN_PID") != str(os.getpid()) or int(os.environ.get("LISTEN_FDS", "0") or 0) < 1:
-        return None
-    for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-        os.environ.pop(k, None)  # not for our children
-    sock = socket.socket(fileno=3)
-    sock.setblocking(False)
+IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)
+
+
+def listener(host: str, port: int, reuse_port: bool = False, backlog: int = 4096) -> socket.socket:
+    """A listening socket on host:port that may be bound before the address is on the host (IP_FREEBIND, as
+    systemd's FreeBind=): the front door's virtual IP, which keepalived moves here only when this host is master."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_IPV6 if family == socket.AF_INET6 else socket.IPPROTO_IP, IP_FREEBIND, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
-def run_workers(cfg: Config, sock: socket.socket | None) -> int:
+def inherited_sockets() -> list[socket.socket]:
+    """The listening sockets systemd passed (sd_listen_fds: LISTEN_PID is us, LISTEN_FDS of them from fd 3): one
+    per ListenStream= of pdinfra-gateway.socket (the host's address, the virtual IP)."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return []
+    n = int(os.environ.get("LISTEN_FDS", "0") or 0)
+    for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(k, None)  # not for our children
+    socks = [socket.socket(fileno=3 + k) for k in range(n)]
+    for sock in socks:
+        sock.setblocking(False)
+    return socks
+
+
+def run_workers(cfg: Config, socks: list[socket.socket]) -> int:
     """cfg.workers processes on one port: each binds it with SO_REUSEPORT (the kernel spreads connections by
     hash), or all accept on one socket (inherited, or bound here when listen is "shared": a worker that exits
     loses no queued connection, and the idlest worker accepts first). A worker that dies is started again."""
-    if sock is None and cfg.listen == "shared":
-        sock = socket.create_server((cfg.host, cfg.port), backlog=4096, reuse_port=False)
-        sock.setblocking(False)
+    if not socks and cfg.listen == "shared":
+        socks = [listener(h, cfg.port) for h in cfg.binds]
     # the workers' counters meet here: systemd's RuntimeDirectory, else a private temporary directory
     runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
     share = Path(runtime) if runtime else Path(tempfile.mkdtemp(prefix="pdinfra-gateway-"))
     try:
-        return _supervise(cfg, sock, share)
+        return _supervise(cfg, socks, share)
     finally:
         if not runtime:  # systemd removes its RuntimeDirectory; a private one is removed here
             shutil.rmtree(share, ignore_errors=True)
 
 
-def _supervise(cfg: Config, sock: socket.socket | None, share: Path) -> int:
+def _supervise(cfg: Config, socks: list[socket.socket], share: Path) -> int:
     """Fork cfg.workers workers and start again each one that exits, until a signal or too many exits."""
 
     def spawn(k: int) -> int:
@@ -1035,7 +1068,7 @@ def _supervise(cfg: Config, sock: socket.socket | None, share: Path) -> int:
                 signal.signal(sig, signal.SIG_DFL)
             code = 0
             try:
-                asyncio.run(serve(cfg, sock, k, share))
+                asyncio.run(serve(cfg, socks, k, share))
             except BaseException:  # noqa: BLE001
                 import traceback
 
@@ -1100,10 +1133,10 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    sock = inherited_socket()
+    socks = inherited_sockets()
     if cfg.workers > 1:
-        return run_workers(cfg, sock)
-    asyncio.run(serve(cfg, sock))
+        return run_workers(cfg, socks)
+    asyncio.run(serve(cfg, socks))
     return 0
 
 

@@ -111,17 +111,32 @@ def _delta(
     return count, failed
 
 
-def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
+def router_paths(cluster: Cluster, node: str | None = None) -> dict[str, str]:
+    """Which router URLs a probe tries, by path name. On a router host (its pdinfra-probe.timer): its own gateway,
+    "router". From the controller: the clients' address ("router": the front door's virtual IP, else the one
+    router) and, with several router hosts, each one's own gateway ("router node2"), so a router host that the
+    virtual IP or a load balancer routes around is still named."""
+    own = next((r for r in cluster.routers if r.host == node), None)
+    if own is not None:
+        return {"router": own.url}
+    paths = {"router": cluster.client_url}
+    if len(cluster.routers) > 1 or cluster.front_door is not None:
+        paths |= {f"router {r.host}": r.url for r in cluster.routers}
+    return paths
+
+
+def probe_router(cluster: Cluster, api_key: str, timeout: float, url: str = "", name: str = "router") -> PathResult:
+    url = url or cluster.client_url
     decodes = [i.url for i in cluster.by_role("decode")]
     body = {"model": cluster.model.name, "prompt": _prompt(), "max_tokens": 1, "temperature": 0}
     t0 = time.monotonic()
     try:
         before = {u: kv_integrity.transfers(u, timeout, cluster.connector) for u in decodes}
-        out = client.post_json(cluster.router.url + "/v1/completions", body, api_key, timeout)
+        out = client.post_json(url + "/v1/completions", body, api_key, timeout)
         tokens = out.get("usage", {}).get("completion_tokens", 0)
         count, failed = _delta(before, decodes, timeout, cluster.connector) if cluster.layout == "pd" else (1.0, 0.0)
     except (OSError, ValueError, KeyError) as exc:  # URLError, HTTPError, resets and timeouts are OSErrors
-        return PathResult("router", False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
+        return PathResult(name, False, round(time.monotonic() - t0, 3), f"{type(exc).__name__}: {exc}")
     unfinished = client.not_finished(out)
     ok = tokens >= 1 and count >= 1 and failed == 0 and not unfinished
     why = f"{tokens} token(s); decode {kv_integrity.moved_what(cluster.connector)} +{count:.0f}, failed +{failed:.0f}"
@@ -129,7 +144,7 @@ def probe_router(cluster: Cluster, api_key: str, timeout: float) -> PathResult:
         why += f"; finish_reason {unfinished}"
     if cluster.layout == "pd" and count < 1:
         why += " (the router answered but no KV moved: PD is not working)"
-    return PathResult("router", ok, round(time.monotonic() - t0, 3), why)
+    return PathResult(name, ok, round(time.monotonic() - t0, 3), why)
 
 
 def probe_pair(
@@ -175,12 +190,14 @@ def run(
     instance: str | None = None,
     integrity_interval_s: float | None = None,
     previous: dict | None = None,
+    node: str | None = None,
 ) -> ProbeResult:
     """Every path; with ``instance``, only the P->D pairs that instance belongs to (a rolling restart's check); with
     ``integrity_interval_s``, the KV integrity check too (see :func:`integrity`)."""
     res = ProbeResult(started=time.time())
     if instance is None:
-        res.paths.append(probe_router(cluster, api_key, timeout))
+        for name, url in router_paths(cluster, node).items():
+            res.paths.append(probe_router(cluster, api_key, timeout, url, name))
     elif instance not in {i.name for i in cluster.instances}:
         raise KeyError(
             f"no instance {instance!r} in the cluster; instances: {', '.join(i.name for i in cluster.instances)}"
@@ -257,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print only; leave last.json as it is")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
-    cluster, _ = Cluster.load(a.cluster)
+    cluster, node = Cluster.load(a.cluster)
     try:
         previous = json.loads((Path(a.out) / "last.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -271,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             instance=a.instance,
             integrity_interval_s=a.integrity_interval,
             previous=previous,
+            node=node,
         )
     except KeyError as exc:
         print(f"error: {exc.args[0]}", file=sys.stderr)

@@ -53,6 +53,9 @@ class Endpoints:
     # The KV connector (pdinfra_connector); under mooncake, prefill URL -> its bootstrap server URL.
     connector: str = connectors.DEFAULT
     bootstrap: dict[str, str] = field(default_factory=dict)
+    # Every router host's own gateway (host -> URL) when clients reach them through one address (the front door's
+    # virtual IP, or several routers): each must answer too, not only the one the address leads to now.
+    routers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -164,6 +167,24 @@ def reuse_proof(ep: Endpoints, timeout: float = 300, wait_s: float = 10.0) -> tu
 # ----------------------------------------------------------------------------- the smoke run
 CHAT_PROOF = "chat completion through the router"
 LOGPROBS_PROOF = "logprobs through the router (vLLM's compiled sampler path)"
+
+
+def routers_proof(ep: Endpoints, timeout: float = 300) -> Proof:
+    """Every router host's gateway serves a one-token completion itself (readiness /health, then the request):
+    the front door moves clients to any of them, so a broken one must be found before it is needed."""
+    body = {"model": ep.model, "prompt": "The front door", "max_tokens": 1, "temperature": 0}
+    bad, good = [], []
+    for host, url in ep.routers.items():
+        try:
+            out = post_json(url + "/v1/completions", body, ep.api_key, timeout)
+            if not_finished(out) or not out.get("choices"):
+                bad.append(f"{host}: unfinished answer")
+            else:
+                good.append(host)
+        except (OSError, ValueError, KeyError) as exc:
+            bad.append(f"{host} ({url}): {type(exc).__name__}: {exc}"[:200])
+    evidence = f"{len(good)} of {len(ep.routers)} router hosts answered ({', '.join(good) or 'none'})"
+    return Proof("every router host serves", not bad, evidence + ("; " + "; ".join(bad) if bad else ""))
 
 
 def chat_proof(ep: Endpoints, max_tokens: int = 16, timeout: float = 300) -> Proof:
@@ -309,6 +330,11 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
     res.proofs.append(logprobs_proof(ep, timeout))
     res.seconds["logprobs"] = round(time.monotonic() - t0, 3)
 
+    if ep.routers:
+        t0 = time.monotonic()
+        res.proofs.append(routers_proof(ep, timeout))
+        res.seconds["routers"] = round(time.monotonic() - t0, 3)
+
     if ep.store_pair:
         t0 = time.monotonic()
         res.proofs.append(reuse_proof(ep, timeout)[0])
@@ -319,7 +345,10 @@ def run(ep: Endpoints, max_tokens: int = 16, timeout: float = 300, layout: str =
 def endpoints_from_cluster(cluster: Cluster, api_key: str = "") -> Endpoints:
     """Router and instance URLs of the resolved cluster (pdinfra.cluster)."""
     return Endpoints(
-        router=cluster.router.url,
+        router=cluster.client_url,
+        routers={r.host: r.url for r in cluster.routers}
+        if len(cluster.routers) > 1 or cluster.front_door is not None
+        else {},
         prefill=[i.url for i in cluster.by_role("prefill")],
         decode=[i.url for i in cluster.by_role("decode")],
         model=cluster.model.name,

@@ -37,6 +37,8 @@ BASE_PACKAGES = (
     "systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,python3-packaging,libnuma1,openssh-server,"
     "iproute2,iputils-ping,sudo,procps,curl,ca-certificates,less,nftables,prometheus,"
     "prometheus-node-exporter,"
+    # keepalived: the front door's virtual IP over both nodes as router hosts (pdinfra_router_vip, pd_router role)
+    "keepalived,"
     # Mooncake's wheels (the KV reuse tier, pdinfra_kv_store) link libibverbs even without RDMA hardware.
     "libibverbs1,"
     # vLLM's CPU sampler compiles kernels with torch inductor at run time (logprobs): it needs a C++ compiler and
@@ -198,6 +200,7 @@ def _prepare_base(root: Path) -> None:
     # Prometheus and the node exporter start only once the pd_monitoring role has configured them (by default they
     # would listen on every address); the exporter's apt/smartmon helper timers are not wanted in a test node.
     _quiet(["systemctl", f"--root={root}", "disable", "prometheus.service", "prometheus-node-exporter.service"])
+    _quiet(["systemctl", f"--root={root}", "disable", "keepalived.service"])  # the pd_router role enables it
     for unit in (
         "prometheus-node-exporter-apt.timer",
         "prometheus-node-exporter-smartmon.timer",

@@ -132,7 +132,8 @@ def conformance_counts(res: subprocess.CompletedProcess) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------- the local cluster as a client sees it
-ROUTER = "http://198.18.0.11:8000"
+# the clients' address: the front door's virtual IP over both router hosts (inventory/local)
+ROUTER = "http://198.18.0.10:8000"
 ROUTER_METRICS = "http://198.18.0.11:29000/metrics"
 PROMETHEUS = "http://198.18.0.11:9090"
 INSTANCES = {"prefill0": "http://198.18.0.11:8100", "decode1": "http://198.18.0.11:8201",

@@ -23,7 +23,7 @@ def cluster(inv: Path = INV):
 def test_endpoints_of_the_local_cluster():
     ep, router = live.endpoints_from_cluster(cluster())
     assert router == "node1"
-    assert ep.layout("pd").base_url == "http://198.18.0.11:8000"
+    assert ep.layout("pd").base_url == "http://198.18.0.10:8000"
     assert [i.role for i in ep.layout("pd").instances] == ["prefill", "decode", "decode"]
     assert ep.layout("agg").base_url == "http://198.18.0.11:8201"  # the first decode instance, direct
     assert ep.tokenizer == "/opt/pdinfra/models/pdinfra-tiny-llama" and ep.block_size == 32
@@ -43,7 +43,7 @@ def test_gpu_example_bench_predicts_kv_with_the_deployed_geometry():
 def test_endpoints_with_redeploy_use_every_instance_behind_the_router():
     ep, _ = live.endpoints_from_cluster(cluster(), redeploy=True)
     agg = ep.layout("agg")
-    assert agg.base_url == "http://198.18.0.11:8000" and agg.total_gpus == 3
+    assert agg.base_url == "http://198.18.0.10:8000" and agg.total_gpus == 3
     assert {i.role for i in agg.instances} == {"agg"}
 
 

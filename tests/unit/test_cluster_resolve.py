@@ -732,3 +732,48 @@ def test_values_at_their_limits_are_accepted(mutate, var):
     """The other side of the BAD table's limits (mutants of `<` for `<=` survived it: benchmarks/mutation.py)."""
     out = problems_of(CPU, mutate)
     assert not [p for p in out if var in p], out
+
+
+# ----------------------------------------------------------------------------- the front door (issue 48)
+TWO_ROUTERS = {**GROUPS, "router": ["node1", "node2"]}
+
+
+def test_a_virtual_ip_over_two_router_hosts_is_the_clients_address():
+    hv = copy.deepcopy(CPU)
+    for h in hv.values():
+        h["pdinfra_router_vip"] = "198.18.0.10/24"
+    res = R.resolve(hv, copy.deepcopy(TWO_ROUTERS))
+    assert res.ok, res.problems
+    c = res.cluster
+    fd = c.front_door
+    assert (fd.vip, fd.vip_cidr, fd.vrid, fd.port) == ("198.18.0.10", "198.18.0.10/24", 51, 8000)
+    assert fd.routers == ("node1", "node2") and fd.peers == ("198.18.0.11", "198.18.0.12")
+    assert [fd.priority(h) for h in fd.routers] == [150, 140]
+    assert c.client_url == "http://198.18.0.10:8000"
+    assert c.router_urls == ["http://198.18.0.11:8000", "http://198.18.0.12:8000"]
+    assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))) == c  # round trip through cluster.json
+    # without one: the first router is the clients' address, as before
+    plain = resolved().cluster
+    assert plain.front_door is None and plain.client_url == "http://198.18.0.11:8000"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expect"),
+    [
+        (_set_all("pdinfra_router_vip", "198.18.0.11/24"), "198.18.0.11 is node1's own address"),
+        (_set_all("pdinfra_router_vip", "198.18.1.10/24"), "host node1: pdinfra_router_vip: 198.18.1.10/24 is not in"),
+        (_set_all("pdinfra_router_vip", "198.18.0.10"), "pdinfra_router_vip: '198.18.0.10': an IPv4 address with"),
+        (_set_all("pdinfra_router_vip", "no-ip/24"), "pdinfra_router_vip: 'no-ip/24' is not an address"),
+        (_set_all_many(pdinfra_router_vip="198.18.0.10/24", pdinfra_router_vrid=0), "pdinfra_router_vrid"),
+        (_host("node2", "pdinfra_router_port", 8001), "the router hosts serve different ports"),
+    ],
+)
+def test_a_wrong_virtual_ip_is_refused_naming_it(mutate, expect):
+    def both(hv, g):
+        g["router"] = ["node1", "node2"]
+        for h in hv.values():
+            h.setdefault("pdinfra_router_vip", "198.18.0.10/24")
+        mutate(hv)
+
+    probs = problems_of(CPU, both)
+    assert any(expect in p for p in probs), probs

@@ -866,3 +866,66 @@ def test_workers_on_a_held_socket_refuse_no_connection_when_one_dies_or_all_rest
         run(t)
     finally:
         sock.close()
+
+
+# ----------------------------------------------------------------------------- the front door's virtual IP
+def test_the_gateway_also_listens_on_the_virtual_ip_before_it_is_on_the_host(chunk_json):
+    """Issue 48: with a front-door VIP the gateway binds its host's address and the VIP (IP_FREEBIND: the VIP is
+    on the host only while keepalived makes it master). Here: 127.0.0.2 answers as the second address, and an
+    address that is on no interface of this machine (198.18.255.254) can be bound."""
+    if chunk_json == "spaced":
+        pytest.skip("one run is enough")
+    port = free_port()
+
+    async def t(st: Stack):
+        for host in ("127.0.0.1", "127.0.0.2"):
+            async with ClientSession() as s, s.get(f"http://{host}:{port}/health") as r:
+                assert r.status == 200, host
+
+    run(t, cfg={"port": port, "also_bind": ["127.0.0.2", "127.0.0.1"]})
+    assert gw.Config.from_dict(
+        {"host": "h", "port": 1, "router": "r", "decode": ["d"], "also_bind": ["v", "h"]}
+    ).binds == ("h", "v")
+    away = gw.listener("198.18.255.254", 0)
+    try:
+        assert away.getsockname()[0] == "198.18.255.254"
+    finally:
+        away.close()
+
+
+def test_every_socket_systemd_passes_is_served(tmp_path, chunk_json):
+    """pdinfra-gateway.socket has one ListenStream per address (host, VIP): LISTEN_FDS=2 from fd 3, both served."""
+    if chunk_json == "spaced":
+        pytest.skip("one run is enough")
+    socks = [socket.create_server((h, 0)) for h in ("127.0.0.1", "127.0.0.2")]
+
+    async def t(st: Stack):
+        cfg = {"host": "127.0.0.1", "port": socks[0].getsockname()[1], "router": st.router.url,
+               "prefill": [st.prefill.url], "decode": [d.url for d in st.decodes], "api_key": KEY}  # fmt: skip
+        (tmp_path / "gw.json").write_text(json.dumps(cfg))
+        launch = (
+            "import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4);"
+            "os.environ.update(LISTEN_FDS='2', LISTEN_PID=str(os.getpid()));"
+            "os.execv(sys.executable, [sys.executable, '-m', 'pdinfra.serving.gateway', '--config', sys.argv[3]])"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", launch, *(str(s.fileno()) for s in socks), str(tmp_path / "gw.json")],
+            pass_fds=tuple(s.fileno() for s in socks),
+            env={**os.environ, "PYTHONPATH": str(Path(gw.__file__).parents[2])},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            for sock in socks:
+                host, port = sock.getsockname()
+                async with ClientSession() as s, s.get(f"http://{host}:{port}/health") as r:
+                    assert r.status == 200, host
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+    try:
+        run(t)
+    finally:
+        for s in socks:
+            s.close()

@@ -203,3 +203,22 @@ def test_the_startup_warm_up_sends_the_compiled_paths_with_the_instances_key(sta
     assert wait_health.main([prefill.url, "5", "--warmup", "m", "10"]) == 1
     assert "HTTP Error 401" in capsys.readouterr().err
     assert wait_health.main([prefill.url, "5", "--warm", "m"]) == 2
+
+
+def test_the_router_paths_are_the_nodes_own_gateway_or_every_router_and_the_front_door():
+    """Issue 48: on a router host, the probe timer tries its own gateway; from the controller, the clients'
+    address (the virtual IP) and every router host's own gateway, so one the VIP routes around is still named."""
+    from pdinfra.cluster.inventory import load_cluster
+
+    local = load_cluster(Path(__file__).parents[2] / "inventory" / "local" / "hosts.yml")
+    assert probe.router_paths(local, "node2") == {"router": "http://198.18.0.12:8000"}
+    assert probe.router_paths(local) == {
+        "router": "http://198.18.0.10:8000",
+        "router node1": "http://198.18.0.11:8000",
+        "router node2": "http://198.18.0.12:8000",
+    }
+    # one router, no virtual IP: one path, as before
+    import dataclasses
+
+    single = dataclasses.replace(local, front_door=None, routers=local.routers[:1])
+    assert probe.router_paths(single) == {"router": "http://198.18.0.11:8000"}
