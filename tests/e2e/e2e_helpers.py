@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -158,13 +160,35 @@ def api_key() -> str:
     return nspawn.api_key_file().read_text().strip()
 
 
+# TCP keepalive on the tests' client connections, as a client of a virtual IP should have: when the router host
+# that held a connection loses power, the address moves and the next keepalive probe is answered with a reset by
+# the new holder, so the request fails within seconds instead of hanging (docs/front-door.md).
+KEEPALIVE = ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1),
+             (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3))  # fmt: skip
+
+
+class KeepAliveConnection(http.client.HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        for opt in KEEPALIVE:
+            self.sock.setsockopt(*opt)
+
+
+class _KeepAliveHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):  # noqa: ANN001, ANN201 - urllib's handler protocol
+        return self.do_open(KeepAliveConnection, req)
+
+
+_OPENER = urllib.request.build_opener(_KeepAliveHandler)
+
+
 def post(url: str, body: dict, key: str | None, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, dict | str]:
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with _OPENER.open(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")[:300]
@@ -316,8 +340,6 @@ class Stream:
     _thread: threading.Thread | None = None
 
     def _read(self) -> None:
-        import http.client
-
         body = {
             "model": MODEL,
             "prompt": self.prompt,
@@ -327,7 +349,8 @@ class Stream:
             "stream": True,
             **({"return_token_ids": True} if self.token_ids else {}),
         }
-        conn = http.client.HTTPConnection("198.18.0.11", 8000, timeout=REQUEST_TIMEOUT_S)
+        host, port = ROUTER.removeprefix("http://").split(":")
+        conn = KeepAliveConnection(host, int(port), timeout=REQUEST_TIMEOUT_S)
         try:
             conn.request(
                 "POST",
