@@ -436,9 +436,9 @@ def sockets(host, log: str) -> list[tuple[str, str, str, str]]:
 
 
 def gateway_listener(node: str, local: str) -> bool:
-    """The API gateway's client port on the router node: it serves clients on pd_router_bind (0.0.0.0 by default;
-    the firewall admits pdinfra_client_networks), as nginx did before it."""
-    return node == "node1" and local.rsplit(":", 1)[1] == "8000"
+    """The API gateway's client port on a router host (both nodes: the front door's VIP moves between them): it
+    serves clients on pd_router_bind (0.0.0.0 by default; the firewall admits pdinfra_client_networks)."""
+    return node in ("node1", "node2") and local.rsplit(":", 1)[1] == "8000"
 
 
 def endpoint_ip(endpoint: str) -> ipaddress.IPv4Address | None:

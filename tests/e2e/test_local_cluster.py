@@ -216,9 +216,8 @@ def test_conformance_suite_passes_against_the_nodes(cluster):
 
 # What applies to a CPU node under the expectations the roles write (/etc/pdinfra/expect.json: role cpu), and must
 # pass: the UCX environment, the serving venv's compiler, the instances' health and PD consistency, and on the
-# router's node the deep-health probe over every P->D path. Every other check is n/a for a stated reason: no GPU,
-# no RDMA NIC, a CPU-role host, the probe on the router node. 5 pass and 35 n/a on node1, 4 and 36 on node2
-# (2026-12-06).
+# router hosts (both nodes, behind the front door's VIP) the deep-health probe over every P->D path. Every other
+# check is n/a for a stated reason: no GPU, no RDMA NIC, a CPU-role host.
 CPU_NODE_PASSES = {"ucx.env", "serving.toolchain", "serving.health", "serving.pd_consistency"}
 NOT_APPLICABLE = re.compile(
     r"CPU-role host|no GPUs? |no GPU\)|fewer than two GPUs|no RDMA|no RoCE|no GPU or RDMA"
@@ -235,7 +234,7 @@ def test_validator_passes_what_applies_to_each_node(cluster):
         checks = json.loads(res.stdout)  # `pdinfra validate --json`: a list of check results
         assert res.returncode == 0, (host.name, res.stderr[-2000:])
         passed = {c["id"] for c in checks if c["verdict"] == "pass"}
-        want = CPU_NODE_PASSES | ({"serving.deep_health", "serving.kv_integrity"} if host.name == "node1" else set())
+        want = CPU_NODE_PASSES | {"serving.deep_health", "serving.kv_integrity"}  # both nodes are router hosts
         assert passed == want, (host.name, sorted(passed ^ want))
         other = [c for c in checks if c["id"] not in passed]
         odd = [c for c in other if c["verdict"] != "n/a" or not NOT_APPLICABLE.search(c["evidence"])]

@@ -62,10 +62,11 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_prometheus_scrapes_every_target_of_the_cluster_model(cluster):
-    """Every target (3 instances, the router, the API gateway, 2 node exporters, Prometheus itself) is up within
-    a minute."""
+    """Every target (3 instances, both router hosts' router and API gateway, 2 node exporters, Prometheus itself)
+    is up within a minute."""
     want = {("vllm", "198.18.0.11:8100"), ("vllm", "198.18.0.11:8201"), ("vllm", "198.18.0.12:8200"),
             ("router", "198.18.0.11:29000"), ("gateway", "198.18.0.11:8000"), ("node", "198.18.0.11:9100"),
+            ("router", "198.18.0.12:29000"), ("gateway", "198.18.0.12:8000"),  # both nodes are router hosts
             ("node", "198.18.0.12:9100"), ("prometheus", "198.18.0.11:9090")}  # fmt: skip
 
     def up() -> dict | None:
