@@ -492,17 +492,58 @@ def _stop(host: TestHost, timeout: float = 45.0) -> None:
         if running_pid(host) is not None:
             os.killpg(pid, signal.SIGKILL)
             time.sleep(0.5)
-    # Anything left in the host's cgroups (should be nothing after a clean halt).
-    for d in _cgroup_dirs(host):
-        procs = d / "cgroup.procs"
-        if procs.exists():
-            for line in procs.read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(line), signal.SIGKILL)
+    # Anything left in the host's cgroups, at any depth (nothing after a clean halt; the whole node after nspawn
+    # itself was killed: the node's systemd and services are not in nspawn's process group).
+    kill_all(host)
     for d in _cgroup_dirs(host):
         _rmdir_cgroup(d)
     with contextlib.suppress(FileNotFoundError):
         _pidfile(host).unlink()
+
+
+def _pids_in(d: Path) -> set[int]:
+    pids: set[int] = set()
+    for procs in d.rglob("cgroup.procs") if d.is_dir() else ():
+        with contextlib.suppress(OSError, ValueError):
+            pids.update(int(x) for x in procs.read_text().split())
+    return pids
+
+
+def pids(host: TestHost) -> set[int]:
+    """Every process in the host's cgroups (the node's systemd and all it runs)."""
+    return set().union(*(_pids_in(d) for d in _cgroup_dirs(host)))
+
+
+def kill_all(host: TestHost, timeout: float = 10.0) -> int:
+    """SIGKILL every process in the host's cgroups, the whole subtree, until none is left (or ``timeout``): what a
+    power loss does to the node's processes. Returns how many were killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = pids(host)
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        killed |= left
+        time.sleep(0.1)
+    return len(killed)
+
+
+def power_off(host: TestHost, after_link: Callable[[], None] | None = None) -> None:
+    """Like a power loss: the node's link goes first (nothing more leaves it: no FIN, no VRRP goodbye), then every
+    process in it is killed and what is left is cleaned up as after a halt. ``after_link`` runs between the two
+    (a test starts its clock there). `create` boots it again."""
+    _run(["ip", "link", "set", host.veth_host, "down"])
+    if after_link is not None:
+        after_link()
+    pid = running_pid(host)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    kill_all(host)
+    _stop(host, timeout=5)
 
 
 def _rmdir_cgroup(d: Path) -> None:
