@@ -28,7 +28,6 @@ from e2e_helpers import (
     E2E_MARKS,
     INSTANCES,
     INV,
-    ROUTER,
     api_key,
     complete,
     counter,
@@ -46,6 +45,8 @@ from pdinfra.testhosts import nspawn
 pytestmark = E2E_MARKS
 
 LOCAL = INV.parent
+# the hgx-shaped inventory's one router host, no virtual IP (the local inventory's VIP is not in it)
+NODE1_ROUTER = "http://198.18.0.11:8000"
 NODE1 = {"ansible_host": "198.18.0.11", "pdinfra_address": "198.18.0.11/24", "pdinfra_testhost": True}
 NODE2 = {"ansible_host": "198.18.0.12", "pdinfra_address": "198.18.0.12/24", "pdinfra_testhost": True}
 KEY_LINE = (
@@ -78,8 +79,10 @@ def hgx_inv(tmp_path_factory, cluster) -> Path:
     inv = tmp_path_factory.mktemp("hgx-shaped")
     (inv / "group_vars").mkdir()
     local = (LOCAL / "group_vars" / "all" / "main.yml").read_text().splitlines()
-    kept = [ln for ln in local if not ln.startswith(("pdinfra_admin_networks:", "pdinfra_api_key_file:"))]
-    assert len(local) - len(kept) == 2, "the local inventory no longer sets what this test removes"
+    # the example has no admin networks, a key in the inventory, one router host and no virtual IP
+    gone = ("pdinfra_admin_networks:", "pdinfra_api_key_file:", "pdinfra_router_vip:")
+    kept = [ln for ln in local if not ln.startswith(gone)]
+    assert len(local) - len(kept) == 3, "the local inventory no longer sets what this test removes"
     (inv / "group_vars" / "all.yml").write_text("\n".join(kept) + f'\npdinfra_api_key: "{KEY_LINE}"\n')
     (inv / "group_vars" / "hgx.yml").write_text("---\npdinfra_hardware: cpu-node\n")
     creds = inv / ".credentials"
@@ -165,7 +168,7 @@ def test_add_node_runbook_adds_a_serving_node_without_restarting_the_others(clus
     key = api_key()
     served = {name: counter(INSTANCES[name], "vllm:request_success_total") for name in ("decode0", "decode1")}
     for i in range(12):
-        status, body = complete(ROUTER, f"Request {i} after the node was added", key)
+        status, body = complete(NODE1_ROUTER, f"Request {i} after the node was added", key)
         assert status == 200, body
     grew = {n: counter(INSTANCES[n], "vllm:request_success_total") - v for n, v in served.items()}
     assert all(g > 0 for g in grew.values()), grew
@@ -192,7 +195,7 @@ def test_drain_keeps_the_ports_closed(cluster, hgx_inv):
         probe("drained")
         assert "table inet pdinfra" in on(n2, "nft list tables", log="runbook-c-tables").stdout
         assert wait_until(lambda: router_health(INSTANCES["decode0"]) == 0.0, 60) is not None
-        status, body = complete(ROUTER, "Served while node2 is drained", api_key())
+        status, body = complete(NODE1_ROUTER, "Served while node2 is drained", api_key())
         assert status == 200, body
         on(n2, "systemctl stop 'pdinfra-*'", log="runbook-c-too-wide")  # the drain the runbook no longer gives
         probe("everything stopped")
