@@ -256,7 +256,10 @@ def targets_from_cluster(cluster, api_key: str = "") -> Targets:  # a pdinfra.cl
         raise DecomposeError("the cluster has no router (inventory group 'router')")
     r = cluster.router
     ep = smoke.endpoints_from_cluster(cluster, api_key=api_key)
-    return Targets(**asdict(ep), router_metrics=f"http://{r.address}:{r.metrics_port}/metrics")
+    # one router host's gateway and its own vllm-router's histograms: the front door's virtual IP may lead to
+    # another router host, whose requests this router's metrics would not count
+    fields = asdict(ep) | {"router": r.url}
+    return Targets(**fields, router_metrics=f"http://{r.address}:{r.metrics_port}/metrics")
 
 
 def table_rows(d: Decomposition) -> list[tuple[str, str, str, str]]:
