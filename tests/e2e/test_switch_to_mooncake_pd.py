@@ -67,7 +67,14 @@ def test_every_prefill_decode_pair_moves_kv_over_mooncake(mooncake):
     res = probe.run(c, api_key=c.secrets.api_key, timeout=60)
     for p in res.paths:
         print(p)
-    assert {p.path for p in res.paths} == {"router", "prefill0->decode0", "prefill0->decode1"}
+    # the clients' address (the VIP) and each router host's own gateway, then every pair
+    assert {p.path for p in res.paths} == {
+        "router",
+        "router node1",
+        "router node2",
+        "prefill0->decode0",
+        "prefill0->decode1",
+    }
     assert all(p.ok for p in res.paths), [p for p in res.paths if not p.ok]
 
 

@@ -85,8 +85,8 @@ def test_every_target_comes_from_the_cluster_model(local):
         "198.18.0.11:8201": {"pd_role": "decode", "pd_instance": "decode1"},
         "198.18.0.12:8200": {"pd_role": "decode", "pd_instance": "decode0"},
     }
-    assert jobs["router"][0]["targets"] == ["198.18.0.11:29000"]
-    assert jobs["gateway"][0]["targets"] == ["198.18.0.11:8000"]  # the API gateway's /metrics on the client port
+    assert jobs["router"][0]["targets"] == ["198.18.0.11:29000", "198.18.0.12:29000"]  # both router hosts
+    assert jobs["gateway"][0]["targets"] == ["198.18.0.11:8000", "198.18.0.12:8000"]  # /metrics on the client port
     assert jobs["node"][0]["targets"] == ["198.18.0.11:9100", "198.18.0.12:9100"]
     assert "dcgm" not in jobs  # pdinfra_dcgm_exporter is off
     assert cfg["global"]["scrape_interval"] == "5s"

@@ -329,7 +329,7 @@ def test_applied_shows_asks_deploys_measures_and_compares_with_its_records(inv, 
     opt = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
     assert (opt["--request-rate"], opt["--num-prompts"], opt["--max-concurrency"]) == ("3.6", "60", "60")
     assert (opt["--random-input-len"], opt["--random-output-len"]) == ("1536", "64")
-    assert opt["--base-url"] == "http://198.18.0.11:8000" and opt["--goodput"] == "ttft:2000"
+    assert opt["--base-url"] == "http://198.18.0.10:8000" and opt["--goodput"] == "ttft:2000"
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
         "change.diff",
         "compare.json",
