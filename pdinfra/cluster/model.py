@@ -109,14 +109,16 @@ class FrontDoor:
     port: int  # the router port, the same on every router host
     routers: tuple[str, ...]  # router host names, in the order of their VRRP priority (the first is preferred)
     peers: tuple[str, ...]  # their serving addresses, in the same order (keepalived's unicast peers)
+    # their VRRP priorities, in the same order (resolve: 150 for the first, 10 less for each next, at least 1)
+    priorities: tuple[int, ...] = ()
 
     @property
     def url(self) -> str:
         return f"http://{self.vip}:{self.port}"
 
     def priority(self, host: str) -> int:
-        """VRRP priority of a router host: 150 for the first, 10 less for each next (distinct, all above 0)."""
-        return max(1, 150 - 10 * self.routers.index(host))
+        """VRRP priority of a router host (the role's keepalived.conf reads the same field)."""
+        return self.priorities[self.routers.index(host)]
 
 
 @dataclass(frozen=True)
@@ -370,6 +372,7 @@ class Cluster:
                     **data["front_door"],
                     "routers": tuple(data["front_door"]["routers"]),
                     "peers": tuple(data["front_door"]["peers"]),
+                    "priorities": tuple(data["front_door"].get("priorities", ())),
                 }
             )
             if data.get("front_door")

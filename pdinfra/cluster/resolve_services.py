@@ -413,4 +413,5 @@ def resolve_front_door(ck: Checker, hosts: list[Host], routers: list[Router], cl
         port=routers[0].port,
         routers=tuple(r.host for r in routers),
         peers=tuple(r.address for r in routers),
+        priorities=tuple(max(1, 150 - 10 * k) for k in range(len(routers))),  # distinct for the first 15
     )
