@@ -88,7 +88,9 @@ def venv(out: Path) -> Path:
     py = out / "venv" / "bin" / "python"
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(out / "venv")], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "aiohttp>=3.9", "uvloop", "orjson"], check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "aiohttp>=3.9", "httptools", "uvloop", "orjson"], check=True
+        )
     return py
 
 

@@ -58,6 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdinfra.serving import http1
+
 try:  # orjson: 5-10x the stdlib on chunk-sized documents; the stdlib is the fallback for what orjson refuses
     import orjson as _orjson  # (integers over 64 bits, NaN): the gateway's answers must not change with it
 
@@ -92,7 +94,7 @@ UNREPLAYABLE = ("tools", "functions", "response_format", "structured_outputs", "
                 "guided_choice", "guided_grammar", "guided_decoding_backend", "logprobs", "top_logprobs",
                 "prompt_logprobs", "echo", "best_of", "suffix", "continue_final_message")  # fmt: skip
 HOP_HEADERS = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "upgrade", "te",
-               "proxy-authorization", "proxy-connection", "accept-encoding"}  # fmt: skip
+               "proxy-authorization", "proxy-connection", "accept-encoding", "expect"}  # fmt: skip
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 DEGRADED_HEADER = ("X-Pdinfra-Degraded", "served by a decode instance without PD")
 AGGREGATED_HEADER = ("X-Pdinfra-Route", "aggregated: a short request, served by a decode instance")
@@ -257,17 +259,18 @@ class Health:
         self._left_out: dict[str, float] = {}  # url -> monotonic time until which it is skipped
         self._rr = itertools.count()
 
-    async def check_once(self, session: Any) -> None:
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(total=max(0.5, min(2.0, self.cfg.health_interval_s)))
+    async def check_once(self, session: http1.Client) -> None:
+        timeout = max(0.5, min(2.0, self.cfg.health_interval_s))
 
         async def status(url: str) -> int | None:
             try:
-                async with session.get(url + "/health", timeout=timeout) as r:
-                    await r.read()
-                    return r.status
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                r = await asyncio.wait_for(session.get(url + "/health", timeout=timeout), timeout)
+                try:
+                    await asyncio.wait_for(r.read(), timeout)
+                finally:
+                    r.release()
+                return r.status
+            except (asyncio.TimeoutError, OSError, ValueError):
                 return None
 
         urls = list(self.roles)
@@ -277,7 +280,7 @@ class Health:
             self.up[url] = st == 200
         self.checked_at = time.monotonic()
 
-    async def run(self, session: Any, every: Any = None) -> None:
+    async def run(self, session: http1.Client, every: Any = None) -> None:
         while True:
             try:
                 await self.check_once(session)
@@ -441,47 +444,53 @@ def sse(obj: dict) -> bytes:
 _IDS = re.compile(rb',"token_ids":(\[[0-9,]*\]|null)')
 _PIDS = re.compile(rb',"prompt_token_ids":(\[[0-9,]*\])')
 _PNULL = b',"prompt_token_ids":null'
-_STR = rb'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # a JSON string literal (no raw newline: one event is one line)
+_STR = rb'"[^"\\]*(?:\\.[^"\\]*)*"'  # a JSON string literal (raw newlines are ruled out by the line count)
 _TEXT = re.compile(rb'"text":(' + _STR + rb"|null)")
 _CONTENT = re.compile(rb'"content":(' + _STR + rb"|null)")
-_FIN = re.compile(rb'"finish_reason":(null|' + _STR + rb")")
-_NOT_FINISHED = frozenset((b"null", b'""'))
+_EVENT = b'data: {"id":'  # how every vLLM chunk starts (pydantic writes the fields in order; error events differ)
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def fast_block(body: bytes, t: Tracker) -> tuple[bytes, bool] | None:
     """One upstream read of whole events, relayed without JSON: (bytes for the client, [DONE] came), or None
-    when the block is not plain vLLM chunks (the caller parses it). Same effect on `t` as Tracker.take."""
+    when the block is not plain vLLM chunks (the caller parses it). Same effect on `t` as Tracker.take.
+
+    Every step is one pass of C over the block (count, replace, one regex split or findall), none per chunk in
+    Python: the relay's cost per chunk is what decides how many streams a core carries (docs/limits.md)."""
     stop = False
-    i = body.find(b"[DONE]")
+    i = body.rfind(b"[DONE]")
     if i >= 0:
         i -= 6
-        if body[i : i + 14] != DONE_EVENT or (i and body[i - 2 : i] != b"\n\n") or body.find(b"[DONE]", i + 14) >= 0:
+        if body[i : i + 14] != DONE_EVENT or (i and body[i - 2 : i] != b"\n\n"):
             return None
         body, stop = body[:i], True  # what follows [DONE] is dropped, as the JSON path does
     if body:
-        n_ev = body.count(b"\n\ndata: {") + body.startswith(b"data: {")
-        if not body.endswith(b"\n\n") or body.count(b"\n") != 2 * n_ev or b'"error"' in body:
+        # one event per line, each a chunk that starts as vLLM's do (an error event, a comment: the JSON way)
+        n_ev = body.count(b"\n\n" + _EVENT) + body.startswith(_EVENT)
+        if not body.endswith(b"\n\n") or body.count(b"\n") != 2 * n_ev:
             return None
-        fins = _FIN.findall(body)
-        if len(fins) != body.count(b"finish_reason"):
-            return None
-        texts = (_CONTENT if t.chat else _TEXT).findall(body)
-        if len(texts) != body.count(b'"content":' if t.chat else b'"text":'):
-            return None
-        ids = _IDS.findall(body)
-        pids = _PIDS.findall(body) if t.prompt_ids is None or b'_token_ids":[' in body else ()
-        if t.client_ids:  # the client keeps the IDs: every one must have been seen
+        text_key = b'"content":' if t.chat else b'"text":'
+        if t.client_ids:  # the client keeps the IDs: every one must be seen
+            out = body
+            ids = _IDS.findall(body)
+            pids = _PIDS.findall(body) if t.prompt_ids is None or b'_token_ids":[' in body else []
             if body.count(b"token_ids") != len(ids) + len(pids) + body.count(_PNULL):
                 return None
-            out = body
-        else:  # strip them; what is left must hold none (else the block goes the JSON way)
-            out = body.replace(_PNULL, b"")
-            if pids:
-                out = _PIDS.sub(b"", out)
-            out = _IDS.sub(b"", out)
+        else:  # strip them (one split takes them out and keeps them); what is left must hold none
+            parts = _IDS.split(body.replace(_PNULL, b""))
+            out, ids = b"".join(parts[0::2]), parts[1::2]
+            pids = []
             if b"token_ids" in out:
-                return None
+                pids = _PIDS.findall(out)
+                out = _PIDS.sub(b"", out) if pids else out
+                if b"token_ids" in out:
+                    return None
+        texts = (_CONTENT if t.chat else _TEXT).findall(out)
+        if len(texts) != out.count(text_key):
+            return None
+        # `"finish_reason":` (quote, name, quote, colon) is only ever structure: a quote inside a string is escaped
+        n_fin = out.count(b'"finish_reason":')
+        finished = n_fin > out.count(b'"finish_reason":null') + (n_fin and out.count(b'"finish_reason":""'))
         if not t.head:
             try:
                 first = _loads(body[6 : body.find(b"\n")])
@@ -494,7 +503,7 @@ def fast_block(body: bytes, t: Tracker) -> tuple[bytes, bool] | None:
             t.prompt_ids = _loads(pids[-1])
         t.ids_raw += ids
         t.text_raw += texts
-        if not _NOT_FINISHED.issuperset(fins):
+        if finished:
             t.finished = True
         body = out
     if stop:
@@ -513,8 +522,8 @@ class Gateway:
         self.cfg = cfg
         self.stats = Stats()
         self.health = Health(cfg)
-        self._session: Any = None
-        self._runner: Any = None
+        self._session: http1.Client | None = None
+        self._server: http1.Server | None = None
         self._task: asyncio.Task | None = None
         self._key = f"Bearer {cfg.api_key}".encode() if cfg.api_key else b""
         self.worker = worker
@@ -525,7 +534,7 @@ class Gateway:
                 self.stats = Stats.resumed(json.loads(path.read_text(encoding="utf-8")))
 
     # ------------------------------------------------------------------ helpers
-    def _authorized(self, request: Any) -> bool:
+    def _authorized(self, request: http1.Request) -> bool:
         if not self._key:
             return True
         return hmac.compare_digest(request.headers.get("Authorization", "").encode(), self._key)
@@ -554,7 +563,7 @@ class Gateway:
                 out.append(json.loads(path.read_text(encoding="utf-8")))
         return out
 
-    def _metrics_peer(self, request: Any) -> bool:
+    def _metrics_peer(self, request: http1.Request) -> bool:
         """The client's address is one that reads /metrics without the key."""
         try:
             peer = ipaddress.ip_address((request.remote or "").split("%")[0])
@@ -564,7 +573,7 @@ class Gateway:
             peer = peer.ipv4_mapped
         return any(peer.version == n.version and peer in n for n in self.cfg.metrics_networks)
 
-    def _fwd_headers(self, request: Any) -> dict[str, str]:
+    def _fwd_headers(self, request: http1.Request) -> dict[str, str]:
         h = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         if self.cfg.api_key:
             h["Authorization"] = f"Bearer {self.cfg.api_key}"
@@ -576,27 +585,22 @@ class Gateway:
             h["Authorization"] = f"Bearer {self.cfg.api_key}"
         return h
 
-    def _timeout(self) -> Any:
-        import aiohttp
-
-        return aiohttp.ClientTimeout(total=None, connect=5, sock_read=self.cfg.request_timeout_s)
+    async def _request(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> http1.ClientResponse:
+        """Connect within 5 s; then each wait for a read from the instance is bounded by request_timeout_s."""
+        return await self._session.request(method, url, body, headers, timeout=self.cfg.request_timeout_s)
 
     @staticmethod
-    def _error(status: int, message: str, kind: str = "ServiceUnavailableError") -> Any:
-        from aiohttp import web
-
-        return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+    def _error(status: int, message: str, kind: str = "ServiceUnavailableError") -> http1.Response:
+        return http1.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
     def _fallback_status(self, status: int) -> bool:
         return status in (502, 503, 504) or (status == 500 and self.cfg.degraded_on_500)
 
-    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> Any | None:
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> http1.ClientResponse | None:
         """A response, or None when the instance could not be reached."""
-        import aiohttp
-
         try:
-            return await self._session.post(url, data=body, headers=headers, timeout=self._timeout())
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return await self._request("POST", url, body, headers)
+        except (asyncio.TimeoutError, OSError):
             return None
 
     async def _on_decode(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[Any | None, str]:
@@ -612,13 +616,11 @@ class Gateway:
         return None, ""
 
     # ------------------------------------------------------------------ handlers
-    async def handle(self, request: Any) -> Any:
-        from aiohttp import web
-
+    async def handle(self, request: http1.Request) -> http1.Response | http1.StreamResponse:
         path = request.path
         if path == "/health" and request.method in ("GET", "HEAD"):
             ready, why = self.health.readiness()
-            return web.json_response(
+            return http1.json_response(
                 {"status": "ready" if ready else "unavailable", "detail": why}, status=200 if ready else 503
             )
         if (
@@ -628,9 +630,10 @@ class Gateway:
         ):
             ready, _ = self.health.readiness()
             up = {u: (self.health.roles[u], self.health.up.get(u, False)) for u in self.health.roles}
-            return web.Response(text=self.stats.merged(self._others()).text(ready, up), content_type="text/plain")
+            text = self.stats.merged(self._others()).text(ready, up)
+            return http1.Response(text, content_type="text/plain; version=0.0.4; charset=utf-8")
         if not self._authorized(request):
-            return web.json_response({"error": "Unauthorized: send Authorization: Bearer <API key>"}, status=401)
+            return http1.json_response({"error": "Unauthorized: send Authorization: Bearer <API key>"}, status=401)
         if path == "/health/detail":
             return self._detail()
         body = await request.read()
@@ -642,12 +645,10 @@ class Gateway:
         finally:
             self.stats.in_flight -= 1
 
-    def _detail(self) -> Any:
-        from aiohttp import web
-
+    def _detail(self) -> http1.Response:
         ready, why = self.health.readiness()
         age = round(time.monotonic() - self.health.checked_at, 1) if self.health.checked_at else None
-        return web.json_response(
+        return http1.json_response(
             {
                 "ready": ready,
                 "detail": why,
@@ -661,39 +662,32 @@ class Gateway:
             }
         )
 
-    async def _forward(self, request: Any, body: bytes) -> Any:
-        """Any other request (models, tokenize, ...): to the router, a decode instance if the router cannot."""
-        from aiohttp import web
-
-        headers = self._fwd_headers(request)
-        url = self.cfg.router + request.path_qs
+    async def _fetch(self, request: http1.Request, base: str, body: bytes) -> tuple[int, str, bytes]:
+        r = await self._request(request.method, base + request.path_qs, body, self._fwd_headers(request))
         try:
-            async with self._session.request(
-                request.method, url, data=body or None, headers=headers, timeout=self._timeout()
-            ) as r:
-                data = await r.read()
-                if not (self.cfg.degraded_fallback and self._fallback_status(r.status)):
-                    return web.Response(body=data, status=r.status, content_type=r.content_type)
+            return r.status, r.headers.get("Content-Type") or "application/octet-stream", await r.read()
+        finally:
+            r.release()
+
+    async def _forward(self, request: http1.Request, body: bytes) -> http1.Response:
+        """Any other request (models, tokenize, ...): to the router, a decode instance if the router cannot."""
+        try:
+            status, ctype, data = await self._fetch(request, self.cfg.router, body)
+            if not (self.cfg.degraded_fallback and self._fallback_status(status)):
+                return http1.Response(data, status=status, content_type=ctype)
         except Exception:  # noqa: BLE001 - unreachable router: degraded mode below
             if not self.cfg.degraded_fallback:
                 return self._error(502, f"the router at {self.cfg.router} could not be reached")
         for dec in self.health.decodes():
             try:
-                async with self._session.request(
-                    request.method, dec + request.path_qs, data=body or None, headers=headers, timeout=self._timeout()
-                ) as r:
-                    data = await r.read()
-                    return web.Response(
-                        body=data, status=r.status, content_type=r.content_type, headers=dict([DEGRADED_HEADER])
-                    )
+                status, ctype, data = await self._fetch(request, dec, body)
+                return http1.Response(data, status=status, content_type=ctype, headers=dict([DEGRADED_HEADER]))
             except Exception:  # noqa: BLE001
                 self.health.leave_out(dec)
         self.stats.bump(self.stats.failed, "no_instance")
         return self._error(503, "no instance could serve the request: the router and every decode instance failed")
 
-    async def _generate(self, request: Any, body: bytes) -> Any:
-        from aiohttp import web
-
+    async def _generate(self, request: http1.Request, body: bytes) -> http1.Response | http1.StreamResponse:
         chat = request.path == "/v1/chat/completions"
         try:
             payload = _loads(body)
@@ -728,7 +722,7 @@ class Gateway:
             )
         if resp.status != 200 or not stream:
             return await self._whole(request, resp, up_body, headers, extra, retry=resp.status == 200)
-        out = web.StreamResponse(
+        out = http1.StreamResponse(
             status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **extra}
         )
         await out.prepare(request)
@@ -744,17 +738,22 @@ class Gateway:
         return out
 
     async def _whole(
-        self, request: Any, resp: Any, body: bytes, headers: dict[str, str], extra: dict, retry: bool
-    ) -> Any:
+        self,
+        request: http1.Request,
+        resp: http1.ClientResponse,
+        body: bytes,
+        headers: dict[str, str],
+        extra: dict,
+        retry: bool,
+    ) -> http1.Response:
         """A whole (non-streamed or error) answer; one whose body broke off is sent again to a decode instance."""
-        import aiohttp
-        from aiohttp import web
-
         for attempt in range(self.cfg.migration_attempts + 1):
             try:
                 data = await resp.read()
-                return web.Response(body=data, status=resp.status, content_type=resp.content_type, headers=extra)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                resp.release()
+                ctype = resp.headers.get("Content-Type") or "application/json"
+                return http1.Response(data, status=resp.status, content_type=ctype, headers=extra)
+            except (asyncio.TimeoutError, OSError):
                 resp.release()
                 if not retry or attempt == self.cfg.migration_attempts:
                     break
@@ -765,19 +764,20 @@ class Gateway:
         self.stats.bump(self.stats.failed, "attempts_exhausted")
         return self._error(503, "the answer broke off and no decode instance could serve it again")
 
-    async def _relay(self, resp: Any, out: Any, tracker: Tracker, replay: bool) -> None:
+    async def _relay(
+        self, resp: http1.ClientResponse, out: http1.StreamResponse, tracker: Tracker, replay: bool
+    ) -> None:
         """Copy one upstream stream to the client until [DONE], a break or an error event.
 
         Reads what the connection has (not line by line), relays each read's whole events in one write, and yields
         to the loop after each, so that a stream with a backlog does not hold the others up. The first upstream's
-        plain chunks go the byte-level way (fast_block); replays, and anything fast_block declines, the JSON way."""
-        import aiohttp
-
+        plain chunks go the byte-level way (fast_block); replays, and anything fast_block declines, the JSON way.
+        The client gone (http1.ClientGone from a write) ends the request: the instance's connection is closed."""
         fast = not replay and tracker.base_prompt_tokens is None and not tracker.suppress and not tracker.client_has
         tail = b""
         limit = self.cfg.max_event_bytes
         try:
-            async for block in resp.content.iter_any():
+            async for block in resp.iter_any():
                 buf = tail + block if tail else block
                 end = buf.rfind(b"\n\n")
                 end = end + 2 if end >= 0 else buf.rfind(b"\n") + 1
@@ -805,7 +805,7 @@ class Gateway:
                 if data:
                     await out.write(data)
                     tracker.sent = True
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (asyncio.TimeoutError, OSError) as exc:
             tracker.error = f"{type(exc).__name__}: {exc}"[:300]
         finally:
             resp.release()
@@ -839,7 +839,7 @@ class Gateway:
             parts.append(sse(chunk))
         return b"".join(parts), False
 
-    async def _break(self, out: Any, tracker: Tracker, reason: str) -> None:
+    async def _break(self, out: http1.StreamResponse, tracker: Tracker, reason: str) -> None:
         tracker.flush()
         self.stats.bump(self.stats.broken, reason)
         why = {
@@ -852,7 +852,7 @@ class Gateway:
         log(f"stream {tracker.head.get('id', '?')}: {message}")
         await out.write(error_event(message))
 
-    async def _migrate(self, out: Any, tracker: Tracker, payload: dict, chat: bool) -> None:
+    async def _migrate(self, out: http1.StreamResponse, tracker: Tracker, payload: dict, chat: bool) -> None:
         """Replay the prompt and the tokens so far on a healthy decode instance, until the stream completes."""
         tracker.flush()
         if tracker.prompt_ids is None and tracker.sent:  # chunks without the prompt's IDs: nothing to replay from
@@ -907,11 +907,12 @@ class Gateway:
 
     async def _detokenize(self, url: str, model: Any, tokens: list[int]) -> str | None:
         try:
-            body = {"model": model, "tokens": tokens}
-            async with self._session.post(
-                url + "/detokenize", headers=self._instance_headers(), json=body, timeout=self._timeout()
-            ) as r:
+            body = _dumps({"model": model, "tokens": tokens})
+            r = await self._request("POST", url + "/detokenize", body, self._instance_headers())
+            try:
                 return str((await r.json()).get("prompt", "")) if r.status == 200 else None
+            finally:
+                r.release()
         except Exception:  # noqa: BLE001 - no text to align with: the caller replays from the start
             return None
 
@@ -945,41 +946,27 @@ class Gateway:
         tracker.suppress = len(shown) - covered
         del tracker.generated[cut:]
 
-    async def _finish_lost(self, out: Any, tracker: Tracker) -> None:
+    async def _finish_lost(self, out: http1.StreamResponse, tracker: Tracker) -> None:
         piece = {"index": 0, "text": "", "finish_reason": "length"}
         await out.write(sse(tracker.as_client_chunk({"object": "text_completion", "choices": [piece]})))
         await out.write(b"data: [DONE]\n\n")
         self.stats.bump(self.stats.migrations, "resumed")
 
     # ------------------------------------------------------------------ life cycle
-    def app(self) -> Any:
-        from aiohttp import web
-
-        app = web.Application(client_max_size=self.cfg.max_body_bytes)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        return app
-
     async def start(self, socks: list[socket.socket] | None = None) -> None:
-        import aiohttp
-        from aiohttp import web
-
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60), auto_decompress=False
-        )
+        self._session = http1.Client()
         await self.health.check_once(self._session)
         self._task = asyncio.create_task(self.health.run(self._session, self._share))
-        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=8)
-        await self._runner.setup()
+        self._server = http1.Server(self.handle, self.cfg.max_body_bytes)
         # inherited (systemd socket activation) or bound by the parent before forking; else bound here, each
         # worker with SO_REUSEPORT
-        for sock in socks or [listener(h, self.cfg.port, self.cfg.workers > 1) for h in self.cfg.binds]:
-            await web.SockSite(self._runner, sock).start()
+        await self._server.start(socks or [listener(h, self.cfg.port, self.cfg.workers > 1) for h in self.cfg.binds])
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
-        if self._runner:
-            await self._runner.cleanup()  # stops accepting, lets the requests in flight finish (shutdown_timeout)
+        if self._server:
+            await self._server.stop(timeout=8)  # stops accepting, lets the requests in flight finish
         if self._session:
             await self._session.close()
 
