@@ -12,6 +12,7 @@ from pdinfra.cli import bench, collection, inventory, kvtrace, testhosts, tinymo
 from pdinfra.cli.advise import advise_cmd
 from pdinfra.cli.deploy import PASS_THROUGH, check_config_cmd, deploy_cmd, down_cmd, up_cmd
 from pdinfra.cli.host import facts_cmd, validate_cmd
+from pdinfra.cli.loop import loop_cmd
 from pdinfra.cli.plan import plan_cmd
 from pdinfra.cli.serving import probe_cmd, smoke_cmd
 from pdinfra.cli.transfer import transfer_cmd, transfer_target_cmd
@@ -46,6 +47,7 @@ app.command("smoke")(smoke_cmd)
 app.command("probe")(probe_cmd)
 app.command("advise")(advise_cmd)
 app.command("plan")(plan_cmd)
+app.command("loop")(loop_cmd)
 # controller helpers: wheelhouse for pd_runtime, the peer side of `validate --transfer --peer`
 app.command("wheelhouse")(wheelhouse_cmd)
 app.command("transfer-target", hidden=True)(transfer_target_cmd)

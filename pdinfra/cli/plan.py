@@ -80,7 +80,7 @@ def show(con: Console, p: Plan) -> None:
         con.print(f"  {line}", markup=False, highlight=False)
 
 
-class _PlanConsole:
+class RichPlanConsole:
     """plan_apply.PlanConsole on a rich console."""
 
     def __init__(self, con: Console) -> None:
@@ -431,7 +431,7 @@ def _apply(
 ) -> plan_apply.Outcome:
     from pdinfra.bench import plan_apply
 
-    console = _PlanConsole(con)
+    console = RichPlanConsole(con)
     try:
         if apply:
             outcome = plan_apply.apply_plan(
