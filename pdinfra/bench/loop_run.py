@@ -6,7 +6,8 @@
    the backtested forecaster).
 3. **Plan**: the planner (:func:`pdinfra.bench.planner.plan`, the one place a configuration is chosen) picks the
    cheapest configuration predicted to meet the SLO at the forecast peak plus headroom, with the deployed one
-   beside it.
+   beside it, from profiles corrected by the interval's measured / predicted latency of the deployed
+   configuration at the rate it served (:func:`live_correction`; logged, with both sides, every interval).
 4. **Guard** (:func:`pdinfra.bench.loop.decide`): unknown data, hysteresis, never below the forecast, cooldown,
    changes per hour, one at a time, the stop file.
 5. **Act** only with ``act``: the planner's choice goes through ``plan --apply``'s path
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pdinfra.bench import advise, history, plan_inputs, planner
+from pdinfra.bench import advise, history, plan_inputs, planner, predict
 from pdinfra.bench.loop import Candidate, Decision, Guardrails, Observation, State, applied, decide
 
 # advise's verdicts, read as the SLO over the window: met, missed, or unknown (None: never a change)
@@ -78,6 +79,7 @@ class Tick:
     plan: planner.Plan | None
     decision: Decision
     notes: list[str] = field(default_factory=list)
+    correction: dict[str, Any] | None = None  # the deployed configuration's predicted vs measured, and the factors
 
     def record(self) -> dict[str, Any]:
         o, p = self.observation, self.plan
@@ -97,6 +99,7 @@ class Tick:
             "deployed": (p.to_dict().get("deployed") if p else None),
             "chosen": (p.to_dict().get("chosen") if p else None),
             "decision": self.decision.to_dict(),
+            "correction": self.correction,
             "notes": self.notes,
         }
 
@@ -131,13 +134,44 @@ def observe(
     return obs, adv, fl, notes
 
 
+def live_correction(
+    deployed: Any, adv: advise.Advice | None, fl: plan_inputs.ForecastLoad | None, slo: Any
+) -> tuple[planner.Correction | None, dict[str, Any] | None]:
+    """Measured / predicted for the deployed configuration at the rate it served over the window (the SLO's
+    quantiles: TTFT at its attainment, ITL P99), as ``plan --measured-*`` does: the factors the interval's plan
+    corrects the profiles by, and the record of both sides. None where either side is unknown."""
+    if deployed is None or adv is None or fl is None or not adv.requests_per_s or SLO_MET.get(adv.verdict) is None:
+        return None, None
+    isl, osl = getattr(fl.history, "isl", None), getattr(fl.history, "osl", None)
+    if not isl or not osl:
+        return None, None
+    try:
+        pred = predict.predict(deployed, predict.Load(adv.requests_per_s, isl, osl), slo.attainment)
+    except (planner.PlanError, ValueError) as exc:
+        return None, {"unknown": f"no prediction of the deployed configuration: {exc}"}
+    ttft = adv.ttft_s * 1000 if adv.ttft_s else None
+    itl = adv.itl_p99_s * 1000 if adv.itl_p99_s else None
+    c = planner.correction(pred, ttft, itl)
+    record = {
+        "at_rps": adv.requests_per_s,
+        "predicted": {"ttft_ms": pred.ttft_ms, "itl_p99_ms": pred.itl_p99_ms},
+        "measured": {"ttft_ms": ttft, "itl_p99_ms": itl},
+        "factors": {"prefill": c.prefill, "decode": c.decode},
+        "text": c.text,
+    }
+    return c, record
+
+
 def tick(
     cluster: Any, profiles: list[Any], hw: Any, slo: Any, prometheus: str, s: Settings, state: State, now: float
 ) -> Tick:
     obs, adv, fl, notes = observe(cluster, prometheus, s, now)
-    the_plan = None
+    the_plan, corr_record = None, None
     if fl is not None and fl.load is not None:
         try:
+            c, corr_record = live_correction(plan_inputs.deployed(cluster, profiles), adv, fl, slo)
+            if c is not None:
+                profiles = [p.corrected(c.prefill, c.decode) for p in profiles]
             dep = plan_inputs.deployed(cluster, profiles)
             the_plan = planner.plan(fl.load, slo, profiles, hw, s.headroom, dep)
         except planner.PlanError as exc:
@@ -152,7 +186,7 @@ def tick(
         )
     d = decide(state, obs, chosen, s.guard)
     forecast = vars(fl.forecast) if fl is not None else None
-    return Tick(obs, adv, forecast, the_plan, d, notes)
+    return Tick(obs, adv, forecast, the_plan, d, notes, corr_record)
 
 
 def _num(v: Any) -> Any:

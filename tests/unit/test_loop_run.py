@@ -207,3 +207,22 @@ def test_the_command_on_a_prometheus_that_does_not_answer_keeps_and_logs_why(tmp
 def test_a_bad_duration_is_refused_naming_the_option():
     r = CliRunner().invoke(app, ["loop", "-p", str(PROFILE), "--interval", "soon"])
     assert r.exit_code == 2 and "--interval" in r.output
+
+
+def test_the_live_correction_is_measured_over_predicted_at_the_rate_served():
+    from pdinfra.bench import profile
+    from pdinfra.cluster.slo import SLO
+
+    prof = profile.load(PROFILE)
+    dep = predict.Config("pd", 1, 2, prof, prof)
+    slo = SLO.from_dict({"ttft_ms": 2000, "itl_p99_ms": 50})
+    pred = predict.predict(dep, predict.Load(0.5, 1536, 64), slo.attainment)
+    adv = reading(0.5)
+    adv.ttft_s, adv.itl_p99_s = 2 * pred.ttft_ms / 1000, pred.itl_p99_ms / 1000  # TTFT twice the prediction
+    fl = plan_inputs.ForecastLoad(None, forecast.Forecast(False, "x"), SimpleNamespace(isl=1536.0, osl=64.0))
+    c, rec = loop_run.live_correction(dep, adv, fl, slo)
+    assert c is not None and round(c.prefill, 6) == 2.0 and round(c.decode, 6) == 1.0
+    assert rec["at_rps"] == 0.5 and rec["measured"]["ttft_ms"] == pytest.approx(2 * rec["predicted"]["ttft_ms"])
+    # unknown sides: no correction (never a factor made up from nothing)
+    assert loop_run.live_correction(dep, reading(0.5, verdict="unknown"), fl, slo) == (None, None)
+    assert loop_run.live_correction(None, adv, fl, slo) == (None, None)
