@@ -14,12 +14,13 @@
    (:func:`pdinfra.bench.plan_apply.apply_plan`: the inventory edited, ``site.yml --tags serving,monitoring``, the
    new configuration measured and compared with its prediction). Without it the loop says what it would do.
 6. **Log** one JSON line per interval (observed, forecast, the candidates, chosen, the decision and why, and after
-   a change predicted vs measured) to ``log``.
+   a change predicted vs measured) to ``log``, and its state as Prometheus text beside it (``<log>.prom``, for
+   node_exporter's textfile collector: :func:`metrics_text`).
 
 The inventory is read again every interval: it is the truth, also after a change the loop made. What is not built
 yet (issue 49): draining an instance at the gateway before a re-role (a change goes through the rolling deploy),
-re-placing the roles of a lost host on the hosts left (the loop logs the lost roles and keeps), the loop's own
-Prometheus metrics and a trace replay with phases.
+re-placing the roles of a lost host on the hosts left (the loop logs the lost roles and keeps), a dashboard
+panel of its metrics and a trace replay with phases.
 """
 
 from __future__ import annotations
@@ -207,6 +208,31 @@ def _clean(obj: Any) -> Any:
     return _num(obj)
 
 
+def metrics_text(counts: dict[str, int], record: dict[str, Any], frozen: bool) -> str:
+    """The loop's state in Prometheus' text format (node_exporter's textfile collector reads it from the file the
+    runner writes beside its log): decisions by action, the last interval's time, rate, forecast and factors."""
+    obs, corr = record.get("observed") or {}, record.get("correction") or {}
+    factors = corr.get("factors") or {}
+    lines = [
+        "# HELP pdinfra_loop_decisions_total Intervals decided, by action.",
+        "# TYPE pdinfra_loop_decisions_total counter",
+    ]
+    lines += [f'pdinfra_loop_decisions_total{{action="{a}"}} {counts.get(a, 0)}' for a in ("keep", "apply", "wait")]
+    gauges = {
+        "pdinfra_loop_last_interval_timestamp_seconds": record.get("t"),
+        "pdinfra_loop_frozen": 1 if frozen else 0,
+        "pdinfra_loop_observed_rate_rps": obs.get("rate_rps"),
+        "pdinfra_loop_slo_met": None if obs.get("slo_met") is None else int(bool(obs["slo_met"])),
+        "pdinfra_loop_forecast_peak_rps": (record.get("forecast") or {}).get("peak"),
+        "pdinfra_loop_correction_prefill": factors.get("prefill"),
+        "pdinfra_loop_correction_decode": factors.get("decode"),
+    }
+    for name, v in gauges.items():  # an unknown figure is left out, never written as 0
+        if v is not None:
+            lines += [f"# TYPE {name} gauge", f"{name} {v}"]
+    return "\n".join(lines) + "\n"
+
+
 def run(
     resolve: Callable[[], Any],
     profiles: list[Any],
@@ -226,6 +252,7 @@ def run(
     measured), only when ``s.act``. Returns the last state."""
     state: State | None = None
     n = 0
+    counts: dict[str, int] = {}
     while not stopping():
         n += 1
         start = clock()
@@ -250,7 +277,12 @@ def run(
                 state = replace(base, streak_config="", streak=0)
                 t.notes.append(f"dry run: would apply {d.target.config} (give --act to change the cluster)")
         record["notes"] = t.notes
-        write_record(log, _clean(record))
+        record = _clean(record)
+        write_record(log, record)
+        counts[d.action] = counts.get(d.action, 0) + 1
+        prom = log.with_suffix(".prom")
+        prom.with_suffix(".tmp").write_text(metrics_text(counts, record, frozen), encoding="utf-8")
+        prom.with_suffix(".tmp").replace(prom)
         o = t.observation
         rate = "?" if o.rate_rps is None else f"{o.rate_rps:.3g}"
         peak = "?" if o.forecast_peak_rps is None else f"{o.forecast_peak_rps:.3g}"

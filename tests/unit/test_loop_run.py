@@ -226,3 +226,13 @@ def test_the_live_correction_is_measured_over_predicted_at_the_rate_served():
     # unknown sides: no correction (never a factor made up from nothing)
     assert loop_run.live_correction(dep, reading(0.5, verdict="unknown"), fl, slo) == (None, None)
     assert loop_run.live_correction(None, adv, fl, slo) == (None, None)
+
+
+def test_the_loop_writes_its_state_as_prometheus_text_beside_the_log(world, tmp_path):
+    world.series = [(reading(1.0), 1.0, SMALL)]
+    go(world, tmp_path, 2)
+    text = (tmp_path / "decisions.prom").read_text()
+    assert 'pdinfra_loop_decisions_total{action="keep"} 2' in text
+    assert "pdinfra_loop_observed_rate_rps 1.0" in text and "pdinfra_loop_slo_met 1" in text
+    assert "pdinfra_loop_frozen 0" in text and "pdinfra_loop_forecast_peak_rps 1.0" in text
+    assert "pdinfra_loop_correction_prefill" not in text  # unknown: left out, never 0
