@@ -60,14 +60,18 @@ def candidate(option: planner.Option | None) -> Candidate | None:
     return Candidate(option.config.label, option.cost_per_hour, option.units, option.goodput_rps)
 
 
-def lost_roles(advice: advise.Advice) -> tuple[str, ...]:
-    """Roles the cluster declares whose instances were all down over the window (a reading of 0, not a missing one)."""
-    out = []
-    for role, s in advice.signals.items():
-        up = s.get("instances_up")
-        if s.instances > 0 and up is not None and up == 0:
-            out.append(role)
-    return tuple(out)
+# Instances of a role that answered Prometheus's scrape at any time over the window: 0 means the role was gone the
+# whole window (its hosts stopped answering). advise's instances_up (the minimum over the window) is not that: one
+# restart within the window (a deploy, a warm-up) makes it 0 while the role serves.
+LOST_QUERY = 'sum by (pd_role) (max_over_time(up{{job="vllm"}}[{w}]))'
+
+
+def lost_roles(cluster: Any, prometheus: str, window: str) -> tuple[str, ...]:
+    """Roles the cluster declares with no instance up at any time over the window (a reading of 0: a missing
+    reading is unknown, not lost)."""
+    up = advise.query(prometheus, LOST_QUERY.format(w=window))
+    declared = {i.role for i in cluster.instances}
+    return tuple(r for r in ("prefill", "decode") if r in declared and up.get(r) == 0)
 
 
 @dataclass
@@ -122,13 +126,19 @@ def observe(
             notes.append(f"no forecast: {fl.forecast.reason}")
     except (history.HistoryError, OSError, ValueError) as exc:
         notes.append(f"the history could not be read: {exc}")
+    lost: tuple[str, ...] = ()
+    if adv is not None:
+        try:
+            lost = lost_roles(cluster, prometheus, s.window)
+        except (advise.AdviseError, OSError, ValueError) as exc:
+            notes.append(f"the instances' health could not be read: {exc}")
     rate = adv.requests_per_s if adv is not None else None
     obs = Observation(
         t=now,
         rate_rps=rate,
         slo_met=SLO_MET.get(adv.verdict) if adv is not None else None,
         forecast_peak_rps=fl.load.rate if fl is not None and fl.load is not None else None,
-        lost_roles=lost_roles(adv) if adv is not None else (),
+        lost_roles=lost,
     )
     if adv is not None and obs.slo_met is None:
         notes.append(f"the SLO over the window is unknown ({adv.verdict}): {adv.summary}")

@@ -73,6 +73,12 @@ def world(monkeypatch):
         return w.item[0]
 
     monkeypatch.setattr(loop_run.advise, "run", fake_advise)
+    # the instances' health over the window per role: the reading's instances_up stands for it here
+    monkeypatch.setattr(
+        loop_run,
+        "lost_roles",
+        lambda c, p, win: tuple(r for r, sig in w.item[0].signals.items() if sig.get("instances_up") == 0),
+    )
     monkeypatch.setattr(loop_run.plan_inputs, "forecast_load", lambda *a, **k: forecast_of(w.item[1]))
     monkeypatch.setattr(loop_run.plan_inputs, "deployed", lambda c, p: "deployed")
     monkeypatch.setattr(
@@ -236,3 +242,18 @@ def test_the_loop_writes_its_state_as_prometheus_text_beside_the_log(world, tmp_
     assert "pdinfra_loop_observed_rate_rps 1.0" in text and "pdinfra_loop_slo_met 1" in text
     assert "pdinfra_loop_frozen 0" in text and "pdinfra_loop_forecast_peak_rps 1.0" in text
     assert "pdinfra_loop_correction_prefill" not in text  # unknown: left out, never 0
+
+
+def test_a_role_is_lost_only_when_no_instance_was_up_the_whole_window(monkeypatch):
+    asked = []
+
+    def query(prometheus, expr):
+        asked.append(expr)
+        return {"prefill": 0.0, "decode": 1.0}  # prefill down the whole window; decode restarted (max 1)
+
+    monkeypatch.setattr(loop_run.advise, "query", query)
+    cluster = SimpleNamespace(instances=[SimpleNamespace(role="prefill"), SimpleNamespace(role="decode")])
+    assert loop_run.lost_roles(cluster, "http://prom", "2m") == ("prefill",)
+    assert asked == ['sum by (pd_role) (max_over_time(up{job="vllm"}[2m]))']
+    monkeypatch.setattr(loop_run.advise, "query", lambda p, e: {})  # no reading: unknown, not lost
+    assert loop_run.lost_roles(cluster, "http://prom", "2m") == ()
