@@ -75,6 +75,15 @@ def _head(status: int, headers: Iterable[tuple[str, str]]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+def _nodelay(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """TCP_NODELAY on the connection (a relayed chunk goes out when written, as nginx's tcp_nodelay)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return transport  # type: ignore[return-value]
+
+
 # ---------------------------------------------------------------------------------------------------- server
 class Request:
     __slots__ = ("method", "path", "query", "headers", "remote", "body", "version", "keep_alive", "_conn")
@@ -203,11 +212,7 @@ class _ServerConnection(asyncio.Protocol):
 
     # --- asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = _nodelay(transport)
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else ""
         self.server.connections.add(self)
@@ -470,11 +475,7 @@ class _ClientConnection(asyncio.Protocol):
 
     # --- asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = _nodelay(transport)
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
