@@ -32,7 +32,13 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
-import httptools
+try:
+    import httptools
+except ImportError as exc:  # pragma: no cover - the serving venv has it with vLLM
+    raise ImportError(
+        "pdinfra's gateway needs httptools (vLLM brings it with uvicorn[standard]): "
+        "pip install httptools into the serving venv"
+    ) from exc
 
 REASONS = {s.value: s.phrase for s in http.HTTPStatus}
 KEEPALIVE_S = 75.0  # an idle client connection is closed after this long (aiohttp's and nginx's order)
