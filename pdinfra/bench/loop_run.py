@@ -200,10 +200,6 @@ def tick(
     return Tick(obs, adv, forecast, the_plan, d, notes, corr_record)
 
 
-def _num(v: Any) -> Any:
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
 def write_record(log: Path, record: dict[str, Any]) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a", encoding="utf-8") as f:
@@ -211,11 +207,12 @@ def write_record(log: Path, record: dict[str, Any]) -> None:
 
 
 def _clean(obj: Any) -> Any:
+    """The record with NaN and infinity as null (JSON has neither)."""
     if isinstance(obj, dict):
         return {k: _clean(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [_clean(v) for v in obj]
-    return _num(obj)
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
 
 
 def metrics_text(counts: dict[str, int], record: dict[str, Any], frozen: bool) -> str:
