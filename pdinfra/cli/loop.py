@@ -43,7 +43,13 @@ _ITERATIONS = Annotated[int, typer.Option(min=0, help="Stop after this many inte
 _STOP_FILE = Annotated[
     Path | None, typer.Option(help="While this file exists the loop is frozen (default out/loop/STOP).")
 ]
-_LOG = Annotated[Path | None, typer.Option(help="The decision log, JSON lines (default out/loop/decisions.jsonl).")]
+_LOG_HELP = (
+    "The decision log, JSON lines (default out/loop/decisions.jsonl); each change's records in changes/ beside it."
+)
+_LOG = Annotated[Path | None, typer.Option(help=_LOG_HELP)]
+_MEASURE_PROMPTS = Annotated[
+    int, typer.Option(min=1, help="After a change, measure the new configuration with at most this many prompts.")
+]
 
 
 def _durations(**given: str | None) -> dict[str, float]:
@@ -77,6 +83,7 @@ def loop_cmd(
     iterations: _ITERATIONS = 0,
     stop_file: _STOP_FILE = None,
     log: _LOG = None,
+    measure_prompts: _MEASURE_PROMPTS = 300,
 ) -> None:
     """Keep the SLO by itself: every interval read Prometheus, forecast the load, let the planner choose the cheapest
     configuration that meets the SLO, and apply it when the guardrails allow (hysteresis, cooldown, changes per
@@ -102,10 +109,10 @@ def loop_cmd(
         stop_file=stop_file or Path("out/loop/STOP"),
     )
     resolved_cluster(inventory)  # a bad inventory stops here, before anything is read
-    _run(inventory, profiles, prometheus, s, log or Path("out/loop/decisions.jsonl"))
+    _run(inventory, profiles, prometheus, s, log or Path("out/loop/decisions.jsonl"), measure_prompts)
 
 
-def _run(inventory: Path, profiles: list[Any], prometheus: str | None, s: Any, log: Path) -> None:
+def _run(inventory: Path, profiles: list[Any], prometheus: str | None, s: Any, log: Path, prompts: int) -> None:
     from pdinfra.bench import loop_run
 
     con = Console(emoji=False, width=200)
@@ -127,7 +134,7 @@ def _run(inventory: Path, profiles: list[Any], prometheus: str | None, s: Any, l
         s,
         log,
         lambda line: con.print(line, markup=False, highlight=False),
-        act=lambda c, p: _act(con, inventory, c, p),
+        act=lambda c, p: _act(con, inventory, c, p, log.parent / "changes", prompts),
         sleep=stop.wait,
         stopping=stop.is_set,
     )
@@ -154,13 +161,18 @@ def _prometheus(cluster: Any) -> str:
     return cluster.monitoring.url
 
 
-def _act(con: Console, inventory: Path, cluster: Any, the_plan: Any) -> dict[str, Any]:
-    """plan --apply's path with --yes; a failure is logged and counts as a change (its cooldown holds)."""
+def _act(con: Console, inventory: Path, cluster: Any, the_plan: Any, out: Path, prompts: int) -> dict[str, Any]:
+    """plan --apply's path with --yes, its records under ``out/<UTC time>`` (one directory per change); a failure is
+    logged and counts as a change (its cooldown holds)."""
+    import time
+
     from pdinfra.bench import plan_apply
 
+    base = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    run_dir = next(d for n in range(1, 1000) if not (d := out / (base if n == 1 else f"{base}-{n}")).exists())
     try:
         outcome = plan_apply.apply_plan(
-            inventory, cluster, the_plan, RichPlanConsole(con), yes=True, out=Path("out/loop/changes")
+            inventory, cluster, the_plan, RichPlanConsole(con), yes=True, out=run_dir, prompts=prompts
         )
     except plan_apply.PlanApplyFailed as exc:
         con.print(f"  the change failed: {exc}", markup=False, highlight=False)

@@ -88,7 +88,7 @@ def test_openai_sdk_through_the_router_on_aggregated(aggregated, case):
 def test_bench_small_sweep_of_both_layouts_and_report(cluster, tmp_path):
     """The issue's CI sweep: ISL 256 / OSL 32, concurrency 1/2/4, real `vllm bench serve`, on the same two
     instances redeployed as aggregated servers behind the router (agg), then as prefill/decode (pd): the redeploy
-    also takes the cluster back to PD after the aggregated API cases. test_plan_loop.py profiles this run."""
+    also takes the cluster back to PD after the aggregated API cases. test_slo_loop.py profiles this run."""
     out, report = LOG_DIR / "bench" / "runs", LOG_DIR / "bench" / "report"
     shutil.rmtree(LOG_DIR / "bench", ignore_errors=True)
     res = run(

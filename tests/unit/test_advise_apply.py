@@ -1,7 +1,7 @@
 """`pdinfra advise --apply`'s planning half on copies of the local inventory: the change the advice carries, the
 inventory edit (only the changed scalars, every comment kept), the diff, the check that the edited inventory
-resolves before anything is written, and the refusals. The deploy half (the serving play, the retired unit, the
-re-measurement) runs on the local cluster in tests/e2e/test_monitoring_advise.py."""
+resolves before anything is written, and the refusals. The deploy half's play (apply.deploy: the serving play, the
+retired unit) runs on the local cluster in tests/e2e/test_slo_loop.py, through the loop's change."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """`pdinfra advise --apply`'s whole workflow (pdinfra.bench.apply.apply_advice) on a copy of the local inventory,
 with the play, Prometheus and the clock stood in: what the console is shown and asked, in which order, what is
-written where, and how each refusal ends. The real play and measurement: tests/e2e/test_monitoring_advise.py."""
+written where, and how each refusal ends. The real play (apply.deploy, through the loop's change):
+tests/e2e/test_slo_loop.py."""
 
 from __future__ import annotations
 

@@ -257,3 +257,27 @@ def test_a_role_is_lost_only_when_no_instance_was_up_the_whole_window(monkeypatc
     assert asked == ['sum by (pd_role) (max_over_time(up{job="vllm"}[2m]))']
     monkeypatch.setattr(loop_run.advise, "query", lambda p, e: {})  # no reading: unknown, not lost
     assert loop_run.lost_roles(cluster, "http://prom", "2m") == ()
+
+
+def test_each_change_gets_its_own_record_directory(tmp_path, monkeypatch):
+    """plan --apply refuses a directory that holds a record: the loop's second change must not land in the first's."""
+    from rich.console import Console
+
+    from pdinfra.bench import plan_apply
+    from pdinfra.cli import loop as cli_loop
+
+    dirs = []
+
+    def fake_apply(inventory, cluster, the_plan, console, *, yes, out, prompts):
+        assert yes and prompts == 7
+        plan_apply.new_run_dir(out)  # what the real one does first: refuses a directory with a record
+        (out / "plan.json").write_text("{}")
+        dirs.append(out)
+        return plan_apply.Outcome(applied=True, run_dir=out)
+
+    monkeypatch.setattr(plan_apply, "apply_plan", fake_apply)
+    con = Console(file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115 - closed with the test's tmp dir
+    for _ in range(2):
+        rec = cli_loop._act(con, tmp_path / "hosts.yml", None, None, tmp_path / "changes", 7)
+        assert rec["applied"] is True and "failed" not in rec, rec
+    assert len(set(dirs)) == 2 and all(d.parent == tmp_path / "changes" for d in dirs), dirs
