@@ -158,7 +158,8 @@ class Comparison:
         }
 
 
-def _num(v: Any) -> float | None:
+def finite(v: Any) -> float | None:
+    """v as a finite float, or None (missing, not a number, NaN or infinite)."""
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -173,7 +174,7 @@ def _ok(result: dict[str, Any], key: str) -> list[float] | None:
         return None
     errors = result.get("errors")
     good = [not e for e in errors] if isinstance(errors, list) and len(errors) == len(values) else [True] * len(values)
-    out = [float(v) for v, g in zip(values, good, strict=True) if g and _num(v) is not None]
+    out = [float(v) for v, g in zip(values, good, strict=True) if g and finite(v) is not None]
     return out or None
 
 
@@ -186,7 +187,7 @@ def quantile_ms(result: dict[str, Any], metric: str, q: float) -> float | None:
     if arr:
         return float(np.percentile(arr, q * 100)) * 1000
     pct = f"{q * 100:g}"
-    return _num(result.get(f"p{pct}_{metric}_ms"))
+    return finite(result.get(f"p{pct}_{metric}_ms"))
 
 
 def compare(pred: Prediction, result: dict[str, Any], slo: SLO) -> Comparison:
@@ -194,18 +195,18 @@ def compare(pred: Prediction, result: dict[str, Any], slo: SLO) -> Comparison:
     q = slo.attainment
     pct = f"P{q * 100:g}"
     rate, osl = pred.load.rate, pred.load.osl
-    completed = int(_num(result.get("completed")) or 0)
-    failed = int(_num(result.get("failed")) or 0)
-    thr = _num(result.get("request_throughput"))
-    good = _num(result.get("request_goodput"))
+    completed = int(finite(result.get("completed")) or 0)
+    failed = int(finite(result.get("failed")) or 0)
+    thr = finite(result.get("request_throughput"))
+    good = finite(result.get("request_goodput"))
     share = good / thr if good is not None and thr else None
     rows = [
         Row(f"TTFT {pct} ms", pred.ttft_ms, quantile_ms(result, "ttft", q), slo.ttft_ms),
-        Row("ITL P99 ms", pred.itl_p99_ms, _num(result.get("p99_itl_ms")), slo.itl_p99_ms),
-        Row("TPOT mean ms", pred.tpot_ms, _num(result.get("mean_tpot_ms")), slo.tpot_ms),
+        Row("ITL P99 ms", pred.itl_p99_ms, finite(result.get("p99_itl_ms")), slo.itl_p99_ms),
+        Row("TPOT mean ms", pred.tpot_ms, finite(result.get("mean_tpot_ms")), slo.tpot_ms),
         Row(f"E2EL {pct} ms", pred.e2el_ms, quantile_ms(result, "e2el", q), slo.e2el_ms),
         Row("throughput req/s", rate, thr),
-        Row("output tokens/s", rate * osl, _num(result.get("output_throughput"))),
+        Row("output tokens/s", rate * osl, finite(result.get("output_throughput"))),
         # within the SLO, at least the attainment's share of the requests is good: a floor, not a point estimate
         Row("goodput req/s (at least)", rate * q if pred.meets(slo) else None, good, judged=False),
         Row(
@@ -219,7 +220,7 @@ def compare(pred: Prediction, result: dict[str, Any], slo: SLO) -> Comparison:
         notes.append("the SLO sets no per-request bound: vLLM's goodput counts every completed request")
     if pred.status not in ("measured", "interpolated"):
         notes.append(f"the prediction is {pred.status}: {'; '.join(n for n in pred.notes if n)}")
-    offered = _num(result.get("request_rate"))
+    offered = finite(result.get("request_rate"))
     if offered is None:
         notes.append(
             f"the result's request rate is {result.get('request_rate')!r}, not an open-loop rate: the "

@@ -19,6 +19,7 @@ from rich.table import Table
 from pdinfra.bench import plan as P
 from pdinfra.bench import runner as R
 from pdinfra.cli.common import DEFAULT_INV, Inv, console, resolved_cluster, step
+from pdinfra.cli.replay import bench_replay_cmd
 from pdinfra.cluster import connectors
 from pdinfra.cluster.schema import PDINFRA_VARS
 from pdinfra.cluster.slo import SLO
@@ -554,3 +555,4 @@ def bench_profile_cmd(
 app.command("plan")(bench_plan_cmd)
 app.command("report")(bench_report_cmd)
 app.command("profile")(bench_profile_cmd)
+app.command("replay")(bench_replay_cmd)
