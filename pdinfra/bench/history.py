@@ -70,7 +70,7 @@ class LoadHistory:
     step_s: float
     times: list[float]
     rate: list[float]  # requests/s, NaN where nothing was recorded
-    isl: float | None  # token-weighted over the whole history: total prompt tokens / total requests
+    isl: float | None  # token-weighted (total prompt tokens / total requests) over the history or its recent part
     osl: float | None
     queries: dict[str, str]
 
@@ -93,8 +93,17 @@ def queries(layout: str, step_s: float) -> dict[str, str]:
 
 
 def load_history(
-    prometheus: str, layout: str, lookback_s: float, step_s: float, now: float | None = None, timeout: float = 30.0
+    prometheus: str,
+    layout: str,
+    lookback_s: float,
+    step_s: float,
+    now: float | None = None,
+    timeout: float = 30.0,
+    recent_s: float | None = None,
 ) -> LoadHistory:
+    """The request rate every ``step_s`` over the last ``lookback_s``, and the token-weighted ISL/OSL over the
+    whole history, or over its last ``recent_s`` when given (a loop that follows a changing mix plans with the
+    mix of now, not of the lookback; the whole history when the recent samples hold no request)."""
     end = time.time() if now is None else now
     start = end - lookback_s
     exprs = queries(layout, step_s)
@@ -102,7 +111,19 @@ def load_history(
     got = sorted(series["requests"])
     times = [got[0] + i * step_s for i in range(int(round((got[-1] - got[0]) / step_s)) + 1)] if got else []
     rate = [series["requests"].get(t, math.nan) for t in times]  # a missing sample stays missing, not 0
-    req = sum(r for r in rate if math.isfinite(r))
-    isl = sum(series["prompt_tokens"].get(t, 0.0) for t in times) / req if req > 0 else None
-    osl = sum(series["generation_tokens"].get(t, 0.0) for t in times) / req if req > 0 else None
+    isl, osl = _mix(series, times)
+    if recent_s is not None:
+        recent = [t for t in times if t > end - recent_s]
+        r_isl, r_osl = _mix(series, recent)
+        if r_isl is not None:
+            isl, osl = r_isl, r_osl
     return LoadHistory(step_s, times, rate, isl, osl, exprs)
+
+
+def _mix(series: dict[str, dict[float, float]], times: list[float]) -> tuple[float | None, float | None]:
+    """(ISL, OSL) token-weighted over the samples at ``times``; (None, None) without a request."""
+    req = sum(r for t in times if math.isfinite(r := series["requests"].get(t, math.nan)))
+    if req <= 0:
+        return None, None
+    isl = sum(series["prompt_tokens"].get(t, 0.0) for t in times) / req
+    return isl, sum(series["generation_tokens"].get(t, 0.0) for t in times) / req

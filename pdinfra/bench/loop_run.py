@@ -121,7 +121,9 @@ def observe(
         notes.append(f"the SLO reading failed: {exc}")
     fl: plan_inputs.ForecastLoad | None = None
     try:
-        fl = plan_inputs.forecast_load(prometheus, cluster.layout, s.horizon_s, s.lookback_s, s.step_s)
+        fl = plan_inputs.forecast_load(
+            prometheus, cluster.layout, s.horizon_s, s.lookback_s, s.step_s, recent_s=history.seconds(s.window)
+        )  # the mix of the SLO window: a loop follows a changing mix (docs/runs/2026-12-07-local-day-replay)
         if fl.load is None:
             notes.append(f"no forecast: {fl.forecast.reason}")
     except (history.HistoryError, OSError, ValueError) as exc:

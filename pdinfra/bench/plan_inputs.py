@@ -123,9 +123,11 @@ def forecast_load(
     step_s: float,
     isl: float | None = None,
     osl: float | None = None,
+    recent_s: float | None = None,
 ) -> ForecastLoad:
-    """The next horizon's peak rate, with the history's ISL/OSL unless given."""
-    h = history.load_history(prometheus, layout, lookback_s, step_s)
+    """The next horizon's peak rate, with the history's ISL/OSL (over its last ``recent_s`` when given) unless
+    given."""
+    h = history.load_history(prometheus, layout, lookback_s, step_s, recent_s=recent_s)
     f = forecast.forecast_peak(h.rate, step_s, horizon_s)
     isl, osl = isl or h.isl, osl or h.osl
     if not f.known or not isl or not osl or not f.peak:

@@ -120,6 +120,37 @@ def test_load_history_reads_rates_and_token_lengths_from_range_queries():
     assert {q["step"] for q in prom.queries} == {"300"}
 
 
+def test_load_history_takes_the_mix_of_the_recent_part_when_asked():
+    """A mix that changed (docs/runs/2026-12-07-local-day-replay): long prompts, then short ones for the last 15 min.
+    The whole history's ISL lags the change; the recent part's is the mix of now; no request there: the whole's."""
+    t0 = 1_800_000_000.0
+    times = [t0 + i * 300 for i in range(12)]
+    prom = FakeRangeProm(
+        {
+            "request_success_total": [(t, 1.0) for t in times],
+            "prompt_tokens_total": [(t, 2048.0 if i < 9 else 64.0) for i, t in enumerate(times)],
+            "generation_tokens_total": [(t, 8.0 if i < 9 else 128.0) for i, t in enumerate(times)],
+        }
+    )
+    quiet = FakeRangeProm(
+        {
+            "request_success_total": [(t, 1.0 if i < 9 else 0.0) for i, t in enumerate(times)],
+            "prompt_tokens_total": [(t, 2048.0 if i < 9 else 0.0) for i, t in enumerate(times)],
+            "generation_tokens_total": [(t, 8.0 if i < 9 else 0.0) for i, t in enumerate(times)],
+        }
+    )
+    try:
+        whole = history.load_history(prom.url, "pd", 3600, 300, now=t0 + 3300)
+        recent = history.load_history(prom.url, "pd", 3600, 300, now=t0 + 3300, recent_s=900)
+        idle = history.load_history(quiet.url, "pd", 3600, 300, now=t0 + 3300, recent_s=900)
+    finally:
+        prom.close()
+        quiet.close()
+    assert whole.isl == pytest.approx((9 * 2048 + 3 * 64) / 12) and whole.osl == pytest.approx((9 * 8 + 3 * 128) / 12)
+    assert (recent.isl, recent.osl) == (pytest.approx(64), pytest.approx(128))
+    assert (idle.isl, idle.osl) == (pytest.approx(2048), pytest.approx(8))
+
+
 def test_range_query_errors_name_the_url():
     with pytest.raises(history.HistoryError, match="127.0.0.1:9"):
         history.range_query("http://127.0.0.1:9", "up", 0, 60, 15, timeout=2)
