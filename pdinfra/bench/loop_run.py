@@ -6,8 +6,9 @@
    the backtested forecaster).
 3. **Plan**: the planner (:func:`pdinfra.bench.planner.plan`, the one place a configuration is chosen) picks the
    cheapest configuration predicted to meet the SLO at the forecast peak plus headroom, with the deployed one
-   beside it, from profiles corrected by the interval's measured / predicted latency of the deployed
-   configuration at the rate it served (:func:`live_correction`; logged, with both sides, every interval).
+   beside it; the candidates of the deployed layout from profiles corrected by the interval's measured /
+   predicted latency of the deployed configuration at the rate it served (:func:`live_correction`; logged, with
+   both sides, every interval), those of the other layout from the profiles as measured.
 4. **Guard** (:func:`pdinfra.bench.loop.decide`): unknown data, hysteresis, never below the forecast, cooldown,
    changes per hour, one at a time, the stop file.
 5. **Act** only with ``act``: the planner's choice goes through ``plan --apply``'s path
@@ -183,10 +184,12 @@ def tick(
     if fl is not None and fl.load is not None:
         try:
             c, corr_record = live_correction(plan_inputs.deployed(cluster, profiles), adv, fl, slo)
-            if c is not None:
-                profiles = [p.corrected(c.prefill, c.decode) for p in profiles]
-            dep = plan_inputs.deployed(cluster, profiles)
-            the_plan = planner.plan(fl.load, slo, profiles, hw, s.headroom, dep)
+            # a factor corrects the candidates of the layout it was measured on, nothing else: measured on PD (its
+            # TTFT holds the hops and the KV transfer), it over-corrected an aggregated candidate 4.9x
+            # (docs/runs/2026-12-07-slo-loop-e2e-cycle)
+            mine = [p.corrected(c.prefill, c.decode) for p in profiles] if c is not None else profiles
+            dep = plan_inputs.deployed(cluster, mine)
+            the_plan = planner.plan(fl.load, slo, profiles, hw, s.headroom, dep, by_layout={cluster.layout: mine})
         except planner.PlanError as exc:
             notes.append(f"no plan: {exc}")
     if the_plan is not None and the_plan.deployed is not None:

@@ -202,14 +202,24 @@ def plan(
     headroom: float = 0.2,
     deployed: Config | None = None,
     show: int = 12,
+    by_layout: dict[str, list[Profile]] | None = None,
 ) -> Plan:
-    """Choose the cheapest configuration predicted to meet ``slo`` at ``load.rate x (1 + headroom)``."""
+    """Choose the cheapest configuration predicted to meet ``slo`` at ``load.rate x (1 + headroom)``.
+
+    ``by_layout`` gives one layout's candidates other profiles (``{"pd": corrected}``: a live correction measured on
+    a PD deployment corrects the PD candidates only; the aggregated ones keep ``profiles``)."""
     if slo.empty:
         raise PlanError("the SLO sets no bound (pdinfra_slo: ttft_ms, itl_p99_ms, ...): nothing to plan against")
     if not (load.rate > 0 and load.isl > 0 and load.osl > 0):
         raise PlanError(f"the load must be positive: rate {load.rate:g} req/s, ISL {load.isl:g}, OSL {load.osl:g}")
     planned = Load(load.rate * (1 + headroom), load.isl, load.osl)
-    options = sorted((_option(c, n, planned, slo, hw) for c, n in enumerate_configs(profiles, hw)), key=Option.key)
+    configs = [
+        (c, n)
+        for layout in ("agg", "pd")
+        for c, n in enumerate_configs((by_layout or {}).get(layout, profiles), hw)
+        if c.layout == layout
+    ]
+    options = sorted((_option(c, n, planned, slo, hw) for c, n in configs), key=Option.key)
     meeting = [o for o in options if o.meets is True and o.prediction.status != "out-of-range"]
     chosen = meeting[0] if meeting else None
     shown: list[Option] = []

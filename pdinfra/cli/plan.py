@@ -298,8 +298,8 @@ def plan_cmd(
         hw = plan_inputs.hardware(profiles, cluster, gpus_per_host or cores_per_host, hosts, max_hosts, price)
         layout_now = cluster.layout if cluster else layout
         load = _load(con, rate, isl, osl, from_prometheus, layout_now, horizon_s, lookback_s, extra)
-        profiles, dep = _corrected(con, cluster, profiles, load, the_slo, measured_ttft_ms, measured_itl_p99_ms, extra)
-        result = planner.plan(load, the_slo, profiles, hw, headroom, dep)
+        by_layout, dep = _corrected(con, cluster, profiles, load, the_slo, measured_ttft_ms, measured_itl_p99_ms, extra)
+        result = planner.plan(load, the_slo, profiles, hw, headroom, dep, by_layout=by_layout)
     except (planner.PlanError, history.HistoryError) as exc:
         raise _bad(str(exc)) from exc
     if json_out and not (apply or measure_only):
@@ -401,21 +401,22 @@ def _corrected(
     ttft_ms: float | None,
     itl_p99_ms: float | None,
     extra: dict,
-) -> tuple[list[Any], Any]:
-    """The profiles corrected by the deployed cluster's measured latencies (when given), and the deployed
-    configuration in their terms."""
+) -> tuple[dict[str, list[Any]] | None, Any]:
+    """The profiles corrected by the deployed cluster's measured latencies (when given), as planner.plan's
+    ``by_layout`` (the deployed layout's candidates are planned with them, the other layout's with the profiles as
+    measured), and the deployed configuration in their terms."""
     from pdinfra.bench import plan_inputs, planner, predict
 
     dep = plan_inputs.deployed(cluster, profiles) if cluster else None
     if not (ttft_ms or itl_p99_ms):
-        return profiles, dep
+        return None, dep
     if dep is None:
         raise planner.PlanError("the deployed configuration's shapes are not all in the profiles")
     c = planner.correction(predict.predict(dep, load, the_slo.attainment), ttft_ms, itl_p99_ms)
     con.print(c.text, markup=False, highlight=False)
     extra["correction"] = {"prefill": c.prefill, "decode": c.decode, "text": c.text}
     profiles = [p.corrected(c.prefill, c.decode) for p in profiles]
-    return profiles, plan_inputs.deployed(cluster, profiles)
+    return {cluster.layout: profiles}, plan_inputs.deployed(cluster, profiles)
 
 
 def _apply(

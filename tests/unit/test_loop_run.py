@@ -82,7 +82,7 @@ def world(monkeypatch):
     monkeypatch.setattr(loop_run.plan_inputs, "forecast_load", lambda *a, **k: forecast_of(w.item[1]))
     monkeypatch.setattr(loop_run.plan_inputs, "deployed", lambda c, p: "deployed")
     monkeypatch.setattr(
-        loop_run.planner, "plan", lambda load, slo, profiles, hw, headroom, dep: FakePlan(w.item[2], BIG)
+        loop_run.planner, "plan", lambda load, slo, profiles, hw, headroom, dep, by_layout: FakePlan(w.item[2], BIG)
     )
     return w
 
@@ -281,3 +281,29 @@ def test_each_change_gets_its_own_record_directory(tmp_path, monkeypatch):
         rec = cli_loop._act(con, tmp_path / "hosts.yml", None, None, tmp_path / "changes", 7)
         assert rec["applied"] is True and "failed" not in rec, rec
     assert len(set(dirs)) == 2 and all(d.parent == tmp_path / "changes" for d in dirs), dirs
+
+
+def test_the_live_correction_goes_to_the_deployed_layouts_candidates_only(monkeypatch):
+    from pdinfra.bench import planner, profile
+
+    base = profile.load(PROFILE)
+    seen = {}
+    monkeypatch.setattr(loop_run.advise, "run", lambda c, w, p: reading(1.0))
+    monkeypatch.setattr(loop_run, "lost_roles", lambda c, p, w: ())
+    monkeypatch.setattr(loop_run.plan_inputs, "forecast_load", lambda *a, **k: forecast_of(1.0))
+    monkeypatch.setattr(loop_run.plan_inputs, "deployed", lambda c, p: ("deployed", p))
+    monkeypatch.setattr(loop_run, "live_correction", lambda *a: (planner.Correction(8.0, 2.0, "x8"), {"text": "x8"}))
+
+    def fake_plan(load, slo, profiles, hw, headroom, dep, by_layout):
+        seen.update(profiles=profiles, dep=dep, by_layout=by_layout)
+        return FakePlan(SMALL, BIG)
+
+    monkeypatch.setattr(loop_run.planner, "plan", fake_plan)
+    cluster = SimpleNamespace(layout="pd", instances=[])
+    state = loop.State(deployed=loop.Candidate("unknown", None, 0, None))
+    t = loop_run.tick(cluster, [base], None, None, "http://prom", loop_run.Settings(), state, 0.0)
+    assert t.correction == {"text": "x8"}
+    assert seen["profiles"] == [base]  # the other layout: the profiles as measured
+    (mine,) = seen["by_layout"]["pd"]
+    assert set(seen["by_layout"]) == {"pd"} and mine.correction == {"prefill": 8.0, "decode": 2.0}
+    assert seen["dep"][1] == seen["by_layout"]["pd"]  # the deployed configuration is predicted corrected too

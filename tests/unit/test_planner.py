@@ -185,3 +185,18 @@ def test_live_correction_scales_the_profile_by_measured_over_predicted(local):
     assert scaled.itl_ms(2, 1568).value == pytest.approx(local.itl_ms(2, 1568).value)
     with pytest.raises(ValueError, match="positive"):
         local.corrected(prefill=0)
+
+
+def test_a_correction_given_for_one_layout_changes_only_that_layouts_candidates(local):
+    """The loop's live correction is measured on the deployed layout: by_layout={"pd": corrected} slows the PD
+    candidates and leaves every aggregated one as the profiles predict it."""
+    load = predict.Load(1.0, 1536, 64)
+    plain = planner.plan(load, SLO_LOCAL, [local], CPU_HW, show=100)
+    slow = planner.plan(load, SLO_LOCAL, [local], CPU_HW, show=100, by_layout={"pd": [local.corrected(8.0, 2.0)]})
+
+    def ttft(p, layout):
+        return {o.config.label: o.prediction.ttft_ms for o in p.options if o.config.layout == layout}
+
+    assert ttft(slow, "agg") == ttft(plain, "agg") and ttft(plain, "agg")
+    factors = {(o.config.layout, o.config.prefill_profile.correction.get("prefill", 1.0)) for o in slow.options}
+    assert factors == {("agg", 1.0), ("pd", 8.0)}, factors
