@@ -74,7 +74,6 @@ QUERIES = {
 # Bucket rates per (pd_role, le), for the attainment estimate.
 BUCKET_QUERIES = {
     "ttft": f"sum by (le, pd_role) ({_rate('time_to_first_token')})",
-    "e2e": f"sum by (le, pd_role) ({_rate('e2e_request_latency')})",
 }
 KV_PRESSURE = 0.9  # KV-cache usage of decode instances that counts as pressure (as pd_monitoring's alert)
 
@@ -197,6 +196,11 @@ def queries(cluster: Cluster, window: str) -> dict[str, str]:
     return {k: v.format(w=window, q=q) for k, v in QUERIES.items()}
 
 
+# The deep-health probe's own completions that vLLM counts as client requests (pdinfra.serving.probe's counters,
+# no pd_role): subtracted from the clients' rate. Their latencies stay in the histograms (one bucket count each).
+SYNTHETIC_QUERY = "sum(rate(pdinfra_probe_synthetic_requests_total[{w}]))"
+
+
 def gather(cluster: Cluster, prometheus: str, window: str, timeout: float = 10.0) -> dict[str, RoleSignals]:
     signals = {role: RoleSignals(role, len(cluster.by_role(role))) for role in ROLES}
     for key, expr in queries(cluster, window).items():
@@ -206,8 +210,13 @@ def gather(cluster: Cluster, prometheus: str, window: str, timeout: float = 10.0
     return signals
 
 
+def synthetic_rate(prometheus: str, window: str, timeout: float = 10.0) -> float:
+    """Requests/s the probe sent over the window (0 where it exports none: no probe, or an older one)."""
+    return sum(v or 0.0 for v in query(prometheus, SYNTHETIC_QUERY.format(w=window), timeout).values())
+
+
 def gather_buckets(prometheus: str, window: str, timeout: float = 10.0) -> dict[str, dict[str, list]]:
-    """{"ttft"|"e2e": {pd_role: pmf}} over the window."""
+    """{"ttft": {pd_role: pmf}} over the window."""
     return {
         k: {role: pmf(b) for role, b in query_buckets(prometheus, e.format(w=window), timeout).items()}
         for k, e in BUCKET_QUERIES.items()
@@ -258,25 +267,34 @@ def decide(
     window: str,
     prometheus: str,
     buckets: dict[str, dict[str, list]] | None = None,
+    synthetic_per_s: float = 0.0,
 ) -> Advice:
+    """The window's advice; ``synthetic_per_s`` (the probe's own requests/s) is taken off the clients' rate."""
     slo = SLO.from_dict(cluster.slo)
     p, d = signals["prefill"], signals["decode"]
     layout = cluster.layout
     # Client requests completed: under PD each is counted by the prefill instance (its 1-token prefill) and again
     # by the decode instance, so the decode side's count is the client's.
-    rate = (
+    counted = (
         (d.get("requests_per_s") or 0.0)
         if layout == "pd"
         else sum(s.get("requests_per_s") or 0.0 for s in signals.values())
     )
+    rate = max(0.0, counted - synthetic_per_s)
     if layout == "pd":
-        ttft = _add(p.get("e2e_q_s"), d.get("ttft_q_s"))
+        # the prefill's first token (its only one: queue + prefill, as its request's end-to-end latency, but in
+        # TTFT's buckets, 1 ms to 100 ms apart, not e2e's, whose first bound is 300 ms: read from those, a 17 ms
+        # prefill was 270 ms and the loop corrected PD's profile x8.4, docs/runs/2026-12-07-probe-load)
+        ttft = _add(p.get("ttft_q_s"), d.get("ttft_q_s"))
         itl = d.get("itl_p99_s")
     else:
         ttfts = [s.get("ttft_q_s") for s in signals.values() if s.get("ttft_q_s") is not None]
         itls = [s.get("itl_p99_s") for s in signals.values() if s.get("itl_p99_s") is not None]
         ttft, itl = (max(ttfts) if ttfts else None), (max(itls) if itls else None)
-    evidence = [f"{rate:.2f} requests/s completed over the last {window}"]
+    evidence = [
+        f"{rate:.2f} requests/s completed over the last {window}"
+        + (f" (the deep-health probe's own {synthetic_per_s:.2f}/s not counted)" if synthetic_per_s > 0 else "")
+    ]
     pct = f"P{slo.attainment * 100:g}"
     for s in signals.values():
         up = s.get("instances_up")
@@ -288,7 +306,7 @@ def decide(
             f"waiting {_fmt(s.get('waiting'), '')}, KV cache {_fmt(s.get('kv_usage'), '%')}"
         )
     if layout == "pd" and rate > 0:  # the routing decision: conditional disaggregation serves short ones on decode
-        via = (p.get("requests_per_s") or 0.0) / rate
+        via = min(1.0, (p.get("requests_per_s") or 0.0) / counted)  # the probe's P->D stages count on both sides
         below = cluster.router.aggregate_below_bytes if cluster.router else 0
         evidence.append(
             f"through a prefill: {via * 100:.0f}% of the requests"
@@ -315,12 +333,12 @@ def decide(
     gpus = sum(i.gpu_count for i in cluster.instances) if cluster.profile == "gpu" else 0
     unit = "GPU" if gpus else "instance"
     if tt_slo is not None and buckets:
-        if layout == "pd":  # the prefill request, then the decode instance's first token (KV transfer included)
-            parts = [buckets["e2e"].get("prefill", []), buckets["ttft"].get("decode", [])]
+        if layout == "pd":  # the prefill's token, then the decode instance's first token (KV transfer included)
+            parts = [buckets["ttft"].get("prefill", []), buckets["ttft"].get("decode", [])]
         else:  # every instance serves whole requests: their TTFT samples together
             merged: dict[float, float] = {}
             for role_pmf, role in ((buckets["ttft"].get(r, []), r) for r in ROLES):
-                w = (signals[role].get("requests_per_s") or 0.0) / rate if rate else 0.0
+                w = (signals[role].get("requests_per_s") or 0.0) / counted if counted else 0.0
                 for le, pr in role_pmf:
                     merged[le] = merged.get(le, 0.0) + pr * w
             parts = [sorted(merged.items())]
@@ -330,7 +348,7 @@ def decide(
             per_unit = goodput / (gpus or max(1, len(cluster.instances)))
             evidence.append(
                 f"TTFT SLO attainment ~{attained * 100:.0f}% (estimated from the histograms"
-                f"{': prefill request + decode TTFT, each at its bucket bound' if layout == 'pd' else ''}"
+                f"{': prefill TTFT + decode TTFT, each at its bucket bound' if layout == 'pd' else ''}"
                 f"); goodput {goodput:.2f} requests/s, {per_unit:.3f} per {unit}"
             )
 
@@ -458,7 +476,7 @@ def unsettled(cluster: Cluster, signals: dict[str, RoleSignals], ttft: bool, itl
     need: dict[str, list[tuple[str, str]]] = {r: [] for r in ROLES}
     if cluster.layout == "pd":
         if ttft:
-            need["prefill"].append(("TTFT", "e2e_q_s"))  # the client's TTFT holds the prefill request
+            need["prefill"].append(("TTFT", "ttft_q_s"))  # the client's TTFT holds the prefill's one token
             need["decode"].append(("TTFT", "ttft_q_s"))
         if itl:
             need["decode"].append(("ITL", "itl_p99_s"))
@@ -516,4 +534,5 @@ def run(cluster: Cluster, window: str = "10m", prometheus: str | None = None, ti
             raise AdviseError("the cluster has no monitoring (pdinfra_monitoring is false); give --prometheus URL")
         prometheus = cluster.monitoring.url
     signals = gather(cluster, prometheus, window, timeout)
-    return decide(cluster, signals, window, prometheus, gather_buckets(prometheus, window, timeout))
+    buckets = gather_buckets(prometheus, window, timeout)
+    return decide(cluster, signals, window, prometheus, buckets, synthetic_rate(prometheus, window, timeout))

@@ -3,7 +3,10 @@
 Per step: the completed request rate, and the mean prompt (ISL) and output (OSL) lengths, each a ratio of counter
 rates: ``rate(vllm:prompt_tokens_total) / rate(vllm:request_success_total)``. The requests are counted where the
 client's requests end: on the decode instances under PD (a prefill instance counts each request's one-token
-prefill again), on every instance under the aggregated layout.
+prefill again), on every instance under the aggregated layout. The deep-health probe's own completions are
+subtracted (its ``pdinfra_probe_synthetic_*_total`` counters, pdinfra.serving.probe): at a few requests per second
+the KV integrity check's long prompts alone would add half the rate and a third to the ISL
+(docs/runs/2026-12-07-probe-load).
 """
 
 from __future__ import annotations
@@ -79,15 +82,35 @@ class LoadHistory:
         return (self.times[-1] - self.times[0] + self.step_s) if self.times else 0.0
 
 
+def window_s(step_s: float) -> int:
+    """The rate window of each sample: a minute (four scrapes or more), or the step when longer."""
+    return max(60, int(step_s))
+
+
+def spaced(times: list[float], after: float, w: float) -> list[float]:
+    """Samples after ``after`` whose rate windows (``w`` each, ending at the sample) do not overlap, from the last
+    back: their rates cover the span once. Every sample of a 5 s step holds the minute before it, so all the
+    samples of the last minute cover two minutes, the minute before the load's included (the e2e run read 304
+    prompt tokens of a 256-token load so, docs/runs/2026-12-07-probe-load)."""
+    out: list[float] = []
+    for t in sorted(times, reverse=True):
+        if t <= after:
+            break
+        if not out or t <= out[-1] - w:
+            out.append(t)
+    return sorted(out)
+
+
 def queries(layout: str, step_s: float) -> dict[str, str]:
     sel = '{pd_role="decode"}' if layout == "pd" else ""
-    w = f"{max(60, int(step_s))}s"
+    w = f"{window_s(step_s)}s"
+    probe = "(sum(rate(pdinfra_probe_synthetic_{p}_total[{w}])) or vector(0))"
     return {
-        k: f"sum(rate(vllm:{m}{sel}[{w}]))"
-        for k, m in (
-            ("requests", "request_success_total"),
-            ("prompt_tokens", "prompt_tokens_total"),
-            ("generation_tokens", "generation_tokens_total"),
+        k: f"clamp_min(sum(rate(vllm:{m}_total{sel}[{w}])) - {probe.format(p=p, w=w)}, 0)"
+        for k, m, p in (
+            ("requests", "request_success", "requests"),
+            ("prompt_tokens", "prompt_tokens", "prompt_tokens"),
+            ("generation_tokens", "generation_tokens", "generation_tokens"),
         )
     }
 
@@ -113,8 +136,7 @@ def load_history(
     rate = [series["requests"].get(t, math.nan) for t in times]  # a missing sample stays missing, not 0
     isl, osl = _mix(series, times)
     if recent_s is not None:
-        recent = [t for t in times if t > end - recent_s]
-        r_isl, r_osl = _mix(series, recent)
+        r_isl, r_osl = _mix(series, spaced(times, end - recent_s, window_s(step_s)))
         if r_isl is not None:
             isl, osl = r_isl, r_osl
     return LoadHistory(step_s, times, rate, isl, osl, exprs)

@@ -201,7 +201,10 @@ def tick(
             "re-placing a lost host's roles on the hosts left is not built yet (issue 49)"
         )
     d = decide(state, obs, chosen, s.guard)
-    forecast = vars(fl.forecast) if fl is not None else None
+    forecast = None
+    if fl is not None:  # the forecast and the mix the plan used (ISL/OSL of the SLO window, the probe's not counted)
+        h = fl.history
+        forecast = vars(fl.forecast) | {"isl": getattr(h, "isl", None), "osl": getattr(h, "osl", None)}
     return Tick(obs, adv, forecast, the_plan, d, notes, corr_record)
 
 

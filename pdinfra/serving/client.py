@@ -12,6 +12,7 @@ import re
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
 
@@ -45,6 +46,35 @@ def post_stream(url: str, body: dict, api_key: str = "", timeout: float = 300) -
             if payload == "[DONE]":
                 return
             yield json.loads(payload)
+
+
+@dataclass
+class Synthetic:
+    """The completions a check sent that the clients' request count includes (each answer that ends on an instance
+    whose ``vllm:request_success_total`` counts clients: a decode under PD, any instance aggregated), with their
+    prompt and output tokens from the answers' ``usage``. The probe exports the running sum, so the load history and
+    ``advise`` subtract it from vLLM's counters: at a few requests per second the probe's own requests, the KV
+    integrity check's long prompts above all, are a large part of what vLLM counts (docs/runs/2026-12-07-probe-load).
+    """
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+    def add(self, out: dict | None) -> None:
+        """One answer (post_json's or two_stage's); None (no answer) counts nothing."""
+        if not isinstance(out, dict):
+            return
+        usage = out.get("usage") or {}
+        self.requests += 1
+        self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+        self.generation_tokens += int(usage.get("completion_tokens") or 0)
+
+    def __iadd__(self, other: Synthetic) -> Synthetic:
+        self.requests += other.requests
+        self.prompt_tokens += other.prompt_tokens
+        self.generation_tokens += other.generation_tokens
+        return self
 
 
 COMPLETE = ("length", "stop")

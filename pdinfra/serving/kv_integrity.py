@@ -55,6 +55,7 @@ class Case:
 class Integrity:
     ran: float  # unix time
     cases: list[Case] = field(default_factory=list)
+    synthetic: client.Synthetic = field(default_factory=client.Synthetic)  # what the clients' count includes
 
     @property
     def ok(self) -> bool:
@@ -66,6 +67,7 @@ class Integrity:
             "ran": self.ran,
             "tolerance": LOGPROB_TOLERANCE,
             "cases": [asdict(c) for c in self.cases],
+            "synthetic": asdict(self.synthetic),
         }
 
     def summary(self) -> str:
@@ -170,8 +172,10 @@ def check_pair(
     timeout: float,
     base: list[int],
     sizes: list[int],
+    tally: client.Synthetic | None = None,
 ) -> list[Case]:
-    """Every prompt length over one P->D pair."""
+    """Every prompt length over one P->D pair; each answer the decode instance gave is added to ``tally``."""
+    tally = client.Synthetic() if tally is None else tally
     cases = []
     bootstrap = cluster.bootstrap().get(prefill_url, "")
     model = cluster.model.name if cluster.model else ""
@@ -184,10 +188,12 @@ def check_pair(
             pd = client.two_stage(
                 prefill_url, decode_url, body | {"cache_salt": uuid.uuid4().hex}, api_key, timeout, bootstrap=bootstrap
             )
+            tally.add(pd)
             after = transfers(decode_url, timeout, cluster.connector)
             own = client.post_json(
                 decode_url + "/v1/completions", body | {"cache_salt": uuid.uuid4().hex}, api_key, timeout
             )
+            tally.add(own)
         except (OSError, ValueError, KeyError) as exc:  # URLError, HTTPError, resets and timeouts are OSErrors
             cases.append(Case(pair, n, False, f"{type(exc).__name__}: {exc}"))
             continue
@@ -253,5 +259,5 @@ def run(cluster: Cluster, api_key: str = "", timeout: float = 60.0, instance: st
             except (OSError, ValueError, KeyError) as exc:
                 res.cases.append(Case(name, 0, False, f"/tokenize on {d.url}: {type(exc).__name__}: {exc}"))
                 continue
-            res.cases += check_pair(cluster, p.url, d.url, name, api_key, timeout, base, sizes)
+            res.cases += check_pair(cluster, p.url, d.url, name, api_key, timeout, base, sizes, res.synthetic)
     return res

@@ -56,6 +56,10 @@ class ProbeResult:
     paths: list[PathResult] = field(default_factory=list)
     # kv_integrity's result ({"ok", "ran", "cases", ...}), {"skipped": why} where it does not apply, None: not run
     integrity: dict[str, Any] | None = None
+    # this run's completions that the clients' request count includes (client.Synthetic), and the running sum over
+    # every run written to this state directory: the counters pdinfra_probe_synthetic_*_total
+    synthetic: client.Synthetic = field(default_factory=client.Synthetic)
+    synthetic_total: client.Synthetic = field(default_factory=client.Synthetic)
 
     @property
     def ok(self) -> bool:
@@ -63,7 +67,8 @@ class ProbeResult:
         return bool(self.paths) and all(p.ok for p in self.paths) and integrity_ok
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"schema": SCHEMA, "ok": self.ok, "started": self.started, "paths": [asdict(p) for p in self.paths]}
+        out = {"schema": SCHEMA, "ok": self.ok, "started": self.started, "paths": [asdict(p) for p in self.paths],
+               "synthetic": asdict(self.synthetic), "synthetic_total": asdict(self.synthetic_total)}  # fmt: skip
         if self.integrity is not None:
             out["integrity"] = self.integrity
         return out
@@ -125,14 +130,23 @@ def router_paths(cluster: Cluster, node: str | None = None) -> dict[str, str]:
     return paths
 
 
-def probe_router(cluster: Cluster, api_key: str, timeout: float, url: str = "", name: str = "router") -> PathResult:
+def probe_router(
+    cluster: Cluster,
+    api_key: str,
+    timeout: float,
+    url: str = "",
+    name: str = "router",
+    tally: client.Synthetic | None = None,
+) -> PathResult:
     url = url or cluster.client_url
+    tally = client.Synthetic() if tally is None else tally
     decodes = [i.url for i in cluster.by_role("decode")]
     body = {"model": cluster.model.name, "prompt": _prompt(), "max_tokens": 1, "temperature": 0}
     t0 = time.monotonic()
     try:
         before = {u: kv_integrity.transfers(u, timeout, cluster.connector) for u in decodes}
         out = client.post_json(url + "/v1/completions", body, api_key, timeout)
+        tally.add(out)
         tokens = out.get("usage", {}).get("completion_tokens", 0)
         count, failed = _delta(before, decodes, timeout, cluster.connector) if cluster.layout == "pd" else (1.0, 0.0)
     except (OSError, ValueError, KeyError) as exc:  # URLError, HTTPError, resets and timeouts are OSErrors
@@ -148,9 +162,16 @@ def probe_router(cluster: Cluster, api_key: str, timeout: float, url: str = "", 
 
 
 def probe_pair(
-    cluster: Cluster, prefill_url: str, decode_url: str, name: str, api_key: str, timeout: float
+    cluster: Cluster,
+    prefill_url: str,
+    decode_url: str,
+    name: str,
+    api_key: str,
+    timeout: float,
+    tally: client.Synthetic | None = None,
 ) -> PathResult:
     """One P->D pair with the router's own two-step protocol (vllm-router's vllm_pd_router.rs)."""
+    tally = client.Synthetic() if tally is None else tally
     prompt = _prompt()
     t0 = time.monotonic()
     try:
@@ -159,6 +180,7 @@ def probe_pair(
         out = client.two_stage(
             prefill_url, decode_url, body, api_key, timeout, bootstrap=cluster.bootstrap().get(prefill_url, "")
         )
+        tally.add(out)
         if out is None:
             return PathResult(
                 name,
@@ -193,11 +215,12 @@ def run(
     node: str | None = None,
 ) -> ProbeResult:
     """Every path; with ``instance``, only the P->D pairs that instance belongs to (a rolling restart's check); with
-    ``integrity_interval_s``, the KV integrity check too (see :func:`integrity`)."""
+    ``integrity_interval_s``, the KV integrity check too (see :func:`integrity`). ``previous`` (the last run's
+    ``last.json``) carries the synthetic requests' running sum on."""
     res = ProbeResult(started=time.time())
     if instance is None:
         for name, url in router_paths(cluster, node).items():
-            res.paths.append(probe_router(cluster, api_key, timeout, url, name))
+            res.paths.append(probe_router(cluster, api_key, timeout, url, name, res.synthetic))
     elif instance not in {i.name for i in cluster.instances}:
         raise KeyError(
             f"no instance {instance!r} in the cluster; instances: {', '.join(i.name for i in cluster.instances)}"
@@ -206,10 +229,30 @@ def run(
         for p in cluster.by_role("prefill"):
             for d in cluster.by_role("decode"):
                 if instance in (None, p.name, d.name):
-                    res.paths.append(probe_pair(cluster, p.url, d.url, f"{p.name}->{d.name}", api_key, timeout))
+                    res.paths.append(
+                        probe_pair(cluster, p.url, d.url, f"{p.name}->{d.name}", api_key, timeout, res.synthetic)
+                    )
     if integrity_interval_s is not None and pairs:
         res.integrity = integrity(cluster, api_key, timeout, integrity_interval_s, previous, instance)
+        prev_ran = ((previous or {}).get("integrity") or {}).get("ran")
+        if res.integrity.get("ran") != prev_ran:  # run now, not carried over: its requests are this run's
+            res.synthetic += synthetic_of(res.integrity.get("synthetic"))
+    res.synthetic_total = synthetic_of((previous or {}).get("synthetic_total"))
+    res.synthetic_total += res.synthetic
     return res
+
+
+def synthetic_of(d: Any) -> client.Synthetic:
+    """A client.Synthetic from its dict in last.json; zero for anything else (an older or damaged file: the
+    counters then start again, which Prometheus's rate() reads as a counter reset)."""
+    if not isinstance(d, dict):
+        return client.Synthetic()
+    try:
+        return client.Synthetic(
+            *(max(0, int(d.get(k) or 0)) for k in ("requests", "prompt_tokens", "generation_tokens"))
+        )
+    except (TypeError, ValueError):
+        return client.Synthetic()
 
 
 def prometheus_text(res: ProbeResult) -> str:
@@ -238,6 +281,17 @@ def prometheus_text(res: ProbeResult) -> str:
             "# HELP pdinfra_probe_kv_integrity_last_run_timestamp_seconds When the KV integrity check last ran.",
             "# TYPE pdinfra_probe_kv_integrity_last_run_timestamp_seconds gauge",
             f"pdinfra_probe_kv_integrity_last_run_timestamp_seconds {float(integ['ran']):.0f}",
+        ]
+    tot = res.synthetic_total
+    for what, v, help_ in (
+        ("requests", tot.requests, "Completions the probe sent that vLLM counts as client requests (decode side)."),
+        ("prompt_tokens", tot.prompt_tokens, "Prompt tokens of those completions."),
+        ("generation_tokens", tot.generation_tokens, "Output tokens of those completions."),
+    ):
+        lines += [
+            f"# HELP pdinfra_probe_synthetic_{what}_total {help_}",
+            f"# TYPE pdinfra_probe_synthetic_{what}_total counter",
+            f"pdinfra_probe_synthetic_{what}_total {v}",
         ]
     return "\n".join(lines) + "\n"
 

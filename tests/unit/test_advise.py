@@ -23,7 +23,8 @@ LOCAL = REPO / "inventory" / "local" / "hosts.yml"
 BIN = Path(sys.executable).parent
 
 # signal key (advise.QUERIES) -> the metric its query reads, to recognise the query
-KEYS = {"itl_mean_s": "inter_token_latency_seconds_sum", "output_tokens_per_s": "generation_tokens_total",
+KEYS = {"synthetic_per_s": "pdinfra_probe_synthetic_requests_total",
+        "itl_mean_s": "inter_token_latency_seconds_sum", "output_tokens_per_s": "generation_tokens_total",
         "requests_per_s": "request_success_total", "ttft_q_s": "time_to_first_token", "itl_p99_s": "inter_token",
         "e2e_q_s": "e2e_request_latency", "queue_s": "request_queue_time", "waiting": "num_requests_waiting",
         "kv_usage": "kv_cache_usage_perc", "instances_up": 'up{job="vllm"}'}  # fmt: skip
@@ -72,6 +73,7 @@ HEALTHY = {
     "instances_up": {"prefill": 1, "decode": 2},
     "output_tokens_per_s": {"prefill": 2.0, "decode": 128.0},
     "itl_mean_s": {"decode": 0.02},
+    "synthetic_per_s": {},
 }
 
 
@@ -98,7 +100,7 @@ def judge(cluster, values, **kw) -> advise.Advice:
 def test_within_the_slo_keeps_the_layout_and_shows_its_evidence(cluster):
     a = judge(cluster, HEALTHY)
     assert a.verdict == "within-slo" and not a.actions, a
-    assert a.ttft_s == pytest.approx(0.4)  # prefill request P90 + decode TTFT P90 (attainment 0.9)
+    assert a.ttft_s == pytest.approx(0.3)  # prefill TTFT P90 (its one token) + decode TTFT P90 (attainment 0.9)
     assert any("decode (2 instances, 2 up throughout)" in e and "ITL P99 30 ms" in e for e in a.evidence), a.evidence
     # the routing decision: the share of requests a prefill computed (all of them without conditional routing)
     assert any(e.startswith("through a prefill: ") and "%" in e for e in a.evidence), a.evidence
@@ -106,8 +108,19 @@ def test_within_the_slo_keeps_the_layout_and_shows_its_evidence(cluster):
     assert a.slo.startswith("TTFT <= 2000 ms, ITL P99 <= 50 ms")
 
 
+def test_the_probes_own_requests_are_not_counted_as_clients(cluster):
+    """The deep-health probe's completions (its pdinfra_probe_synthetic_requests_total) come off the decode
+    side's count; without the counter (no probe) the rate is vLLM's as it is."""
+    a = judge(cluster, case(synthetic_per_s={"": 0.5}))
+    assert a.requests_per_s == pytest.approx(1.5), a
+    assert "1.50 requests/s" in a.evidence[0] and "probe's own 0.50/s not counted" in a.evidence[0], a.evidence
+    assert judge(cluster, HEALTHY).requests_per_s == pytest.approx(2.0)
+    # more probe requests than vLLM counted (the counter and vLLM's scraped at different times): 0, not negative
+    assert judge(cluster, case(synthetic_per_s={"": 3.0})).verdict == "no-traffic"
+
+
 def test_ttft_over_the_slo_with_prefill_queueing_moves_capacity_to_prefill(cluster):
-    a = judge(cluster, case(e2e_q_s={"prefill": 2.5}, queue_s={"prefill": 1.8}))
+    a = judge(cluster, case(ttft_q_s={"prefill": 2.5}, queue_s={"prefill": 1.8}))
     assert a.verdict == "rebalance" and "prefill queues 1800 ms against decode 10 ms" in a.summary, a
     assert a.actions[0] == "add a prefill instance (1P:2D -> 2P:2D)"
     assert "2P:1D" in a.actions[1]  # two decode instances without pressure: one can become a prefill instance
@@ -120,7 +133,7 @@ def test_itl_over_the_slo_with_decode_pressure_adds_decode(cluster):
 
 
 def test_both_over_the_slo_means_add_capacity(cluster):
-    a = judge(cluster, case(itl_p99_s={"decode": 0.09}, e2e_q_s={"prefill": 3.0}))
+    a = judge(cluster, case(itl_p99_s={"decode": 0.09}, ttft_q_s={"prefill": 3.0}))
     assert a.verdict == "add-capacity", a
 
 
@@ -142,7 +155,7 @@ def test_no_prometheus_is_an_error_naming_the_url(cluster):
 
 
 def test_cli_prints_the_advice_and_refuses_a_bad_window():
-    prom = FakeProm(case(e2e_q_s={"prefill": 2.5}, queue_s={"prefill": 1.8}))
+    prom = FakeProm(case(ttft_q_s={"prefill": 2.5}, queue_s={"prefill": 1.8}))
     try:
         res = subprocess.run(
             [str(BIN / "pdinfra"), "advise", "--prometheus", prom.url], capture_output=True, text=True, timeout=120

@@ -151,6 +151,21 @@ def test_load_history_takes_the_mix_of_the_recent_part_when_asked():
     assert (idle.isl, idle.osl) == (pytest.approx(2048), pytest.approx(8))
 
 
+def test_the_recent_mix_reads_each_counter_minute_once():
+    """Samples every 5 s, each a rate over the minute before it: the last minute's samples would cover two
+    minutes (the one before the load included); the ones taken are a window apart, the last one first."""
+    t0 = 1_800_000_000.0
+    times = [t0 + 5 * i for i in range(25)]  # 2 minutes
+    assert history.spaced(times, t0 + 120 - 60, 60) == [t0 + 120]
+    assert history.spaced(times, t0, 60) == [t0 + 60, t0 + 120]
+    assert history.spaced(times, t0 + 120, 60) == []  # nothing after: the whole history's mix is used
+    assert history.spaced([t0 + 300 * i for i in range(12)], t0 + 3300 - 900, 300) == [
+        t0 + 2700,
+        t0 + 3000,
+        t0 + 3300,
+    ]
+
+
 def test_range_query_errors_name_the_url():
     with pytest.raises(history.HistoryError, match="127.0.0.1:9"):
         history.range_query("http://127.0.0.1:9", "up", 0, 60, 15, timeout=2)

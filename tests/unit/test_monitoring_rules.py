@@ -414,6 +414,69 @@ def test_the_rule_tests_see_a_wrong_expectation_fail(local):
     assert res.returncode != 0 and "PdinfraInstanceDown" in res.stdout + res.stderr
 
 
+PROBE_LOAD_TEST = """
+rule_files: [pdinfra-rules.yml]
+evaluation_interval: 5s
+tests:
+  # decode0 counts 1.5 requests/s (of 400-token prompts); the probe sent 0.5 of them (of 700-token prompts)
+  - interval: 10s
+    input_series:
+      - series: 'vllm:request_success_total{{pd_role="decode",pd_instance="decode0"}}'
+        values: '0+15x20'
+      - series: 'vllm:prompt_tokens_total{{pd_role="decode",pd_instance="decode0"}}'
+        values: '0+6000x20'
+      - series: 'vllm:request_success_total{{pd_role="prefill",pd_instance="prefill0"}}'
+        values: '0+15x20'
+      - series: 'pdinfra_probe_synthetic_requests_total{{job="node",instance="198.18.0.11:9100"}}'
+        values: '0+5x20'
+      - series: 'pdinfra_probe_synthetic_prompt_tokens_total{{job="node",instance="198.18.0.11:9100"}}'
+        values: '0+3500x20'
+    promql_expr_test:
+      - expr: '{requests}'
+        eval_time: 120s
+        exp_samples: [{{labels: '{{}}', value: {want_rps}}}]
+      - expr: '{prompt_tokens}'
+        eval_time: 120s
+        exp_samples: [{{labels: '{{}}', value: 250}}]
+      - expr: '{advise}'
+        eval_time: 120s
+        exp_samples: [{{labels: '{{}}', value: 0.5}}]
+  # no probe counters (the probe off, or one older than them): vLLM's count as it is
+  - interval: 10s
+    input_series:
+      - series: 'vllm:request_success_total{{pd_role="decode",pd_instance="decode0"}}'
+        values: '0+15x20'
+    promql_expr_test:
+      - expr: '{requests}'
+        eval_time: 120s
+        exp_samples: [{{labels: '{{}}', value: 1.5}}]
+"""
+
+
+def probe_load_test(want_rps: float) -> str:
+    from pdinfra.bench import advise, history
+
+    q = history.queries("pd", 10)
+    return PROBE_LOAD_TEST.format(
+        requests=q["requests"],
+        prompt_tokens=q["prompt_tokens"],
+        advise=advise.SYNTHETIC_QUERY.format(w="60s"),
+        want_rps=want_rps,
+    )
+
+
+def test_the_load_history_does_not_count_the_probes_own_requests(local):
+    """The real PromQL of history.queries, in promtool: the decode side's 1.5 requests/s of 400-token prompts less
+    the probe's 0.5/s of 700-token ones is 1.0/s of 250 tokens (the ISL is prompt tokens over requests, both
+    corrected); without the probe's counters the count is vLLM's."""
+    (local / "probe-load-test.yml").write_text(probe_load_test(1.0))
+    res = promtool("test", "rules", "probe-load-test.yml", cwd=local)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (local / "probe-load-wrong.yml").write_text(probe_load_test(1.5))  # the probe counted as clients: seen
+    res = promtool("test", "rules", "probe-load-wrong.yml", cwd=local)
+    assert res.returncode != 0 and "1.5" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
 def test_gpu_example_scrapes_dcgm_when_enabled(tmp_path):
     """The GPU example inventory with pdinfra_dcgm_exporter: dcgm-exporter on every GPU host is a target."""
     inv_dir = tmp_path / "inv"

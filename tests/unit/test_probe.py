@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 from pdinfra.cluster.model import Cluster
 from pdinfra.cluster.resolve import resolve
-from pdinfra.serving import probe
+from pdinfra.serving import client, probe
 
 KEY = "k3y-0123456789abcdef"
 
@@ -64,7 +65,10 @@ class Fake:
                     self._send(401, '{"error": "Unauthorized"}')
                     return
                 params = body.get("kv_transfer_params") or {}
-                out = {"choices": [{"text": " x", "finish_reason": fake.finish}], "usage": {"completion_tokens": 1}}
+                out = {
+                    "choices": [{"text": " x", "finish_reason": fake.finish}],
+                    "usage": {"completion_tokens": 1, "prompt_tokens": 7},
+                }
                 if fake.kind == "prefill" and params.get("do_remote_decode") and fake.gives_params:
                     out["kv_transfer_params"] = {"remote_block_ids": [1, 2], "remote_engine_id": "e"}
                 if fake.kind == "decode" and params.get("remote_block_ids") and fake.moves_kv:
@@ -121,6 +125,41 @@ def test_every_path_passes_when_kv_moves(stack, tmp_path: Path):
     assert 'pdinfra_probe_success{path="prefill0->decode0"} 1' in prom
     assert "# TYPE pdinfra_probe_last_run_timestamp_seconds gauge" in prom
     assert not list(tmp_path.glob(".*.tmp"))  # written through a rename
+
+
+def test_the_probes_own_requests_are_counted_for_the_load_history_to_subtract(stack, tmp_path: Path, monkeypatch):
+    """Each answer the clients' count includes (the router's, each pair's decode) is added to running counters
+    that survive the oneshot runs through last.json; a KV integrity result carried over is not counted again."""
+    cluster, *_ = stack
+    first = probe.run(cluster, KEY, timeout=5)
+    assert (first.synthetic.requests, first.synthetic.prompt_tokens, first.synthetic.generation_tokens) == (2, 14, 2)
+    probe.write(first, tmp_path)
+    second = probe.run(cluster, KEY, timeout=5, previous=json.loads((tmp_path / "last.json").read_text()))
+    assert second.synthetic.requests == 2 and second.synthetic_total.requests == 4
+    probe.write(second, tmp_path)
+    prom = (tmp_path / "pdinfra_probe.prom").read_text()
+    assert "# TYPE pdinfra_probe_synthetic_requests_total counter" in prom
+    assert (
+        "pdinfra_probe_synthetic_requests_total 4\n" in prom
+        and "pdinfra_probe_synthetic_prompt_tokens_total 28\n" in prom
+    )
+    # the KV integrity check run now: its 16 answers are this run's; carried over by the next run: not again
+    ran = probe.kv_integrity.Integrity(ran=time.time(), synthetic=client.Synthetic(16, 9000, 32))
+    monkeypatch.setattr(probe.kv_integrity, "run", lambda *a, **k: ran)
+    with_check = probe.run(
+        cluster, KEY, timeout=5, integrity_interval_s=3600, previous=json.loads((tmp_path / "last.json").read_text())
+    )
+    assert with_check.synthetic.requests == 18 and with_check.synthetic_total.requests == 22, with_check.synthetic
+    probe.write(with_check, tmp_path)
+    monkeypatch.setattr(probe.kv_integrity, "run", lambda *a, **k: pytest.fail("a fresh passing result is rerun"))
+    with_check.integrity["ok"] = True  # the fake's check had no cases; a passing result is what is carried over
+    (tmp_path / "last.json").write_text(json.dumps(with_check.to_dict()))
+    carried = probe.run(
+        cluster, KEY, timeout=5, integrity_interval_s=3600, previous=json.loads((tmp_path / "last.json").read_text())
+    )
+    assert carried.synthetic.requests == 2 and carried.synthetic_total.requests == 24, carried.synthetic
+    # a damaged running sum starts again (Prometheus reads a counter reset), never a crash or a negative count
+    assert probe.synthetic_of({"requests": "x"}).requests == 0 and probe.synthetic_of({"requests": -3}).requests == 0
 
 
 def test_an_answer_without_kv_movement_fails_although_health_would_pass(stack):
