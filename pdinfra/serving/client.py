@@ -70,6 +70,17 @@ class Synthetic:
         self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
         self.generation_tokens += int(usage.get("completion_tokens") or 0)
 
+    @classmethod
+    def from_dict(cls, d: object) -> Synthetic:
+        """From its dict in the probe's last.json; zero for anything else (an older or damaged file: the counters
+        then start again, which Prometheus's rate() reads as a counter reset)."""
+        if not isinstance(d, dict):
+            return cls()
+        try:
+            return cls(*(max(0, int(d.get(k) or 0)) for k in ("requests", "prompt_tokens", "generation_tokens")))
+        except (TypeError, ValueError):
+            return cls()
+
     def __iadd__(self, other: Synthetic) -> Synthetic:
         self.requests += other.requests
         self.prompt_tokens += other.prompt_tokens

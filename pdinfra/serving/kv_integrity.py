@@ -172,10 +172,9 @@ def check_pair(
     timeout: float,
     base: list[int],
     sizes: list[int],
-    tally: client.Synthetic | None = None,
+    tally: client.Synthetic,
 ) -> list[Case]:
     """Every prompt length over one P->D pair; each answer the decode instance gave is added to ``tally``."""
-    tally = client.Synthetic() if tally is None else tally
     cases = []
     bootstrap = cluster.bootstrap().get(prefill_url, "")
     model = cluster.model.name if cluster.model else ""

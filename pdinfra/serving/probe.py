@@ -134,12 +134,12 @@ def probe_router(
     cluster: Cluster,
     api_key: str,
     timeout: float,
-    url: str = "",
-    name: str = "router",
-    tally: client.Synthetic | None = None,
+    url: str,
+    name: str,
+    tally: client.Synthetic,
 ) -> PathResult:
+    """One completion through the router at ``url`` (the clients' address when empty); its answer goes to ``tally``."""
     url = url or cluster.client_url
-    tally = client.Synthetic() if tally is None else tally
     decodes = [i.url for i in cluster.by_role("decode")]
     body = {"model": cluster.model.name, "prompt": _prompt(), "max_tokens": 1, "temperature": 0}
     t0 = time.monotonic()
@@ -168,10 +168,10 @@ def probe_pair(
     name: str,
     api_key: str,
     timeout: float,
-    tally: client.Synthetic | None = None,
+    tally: client.Synthetic,
 ) -> PathResult:
-    """One P->D pair with the router's own two-step protocol (vllm-router's vllm_pd_router.rs)."""
-    tally = client.Synthetic() if tally is None else tally
+    """One P->D pair with the router's own two-step protocol (vllm-router's vllm_pd_router.rs); the decode's answer
+    goes to ``tally``."""
     prompt = _prompt()
     t0 = time.monotonic()
     try:
@@ -236,23 +236,10 @@ def run(
         res.integrity = integrity(cluster, api_key, timeout, integrity_interval_s, previous, instance)
         prev_ran = ((previous or {}).get("integrity") or {}).get("ran")
         if res.integrity.get("ran") != prev_ran:  # run now, not carried over: its requests are this run's
-            res.synthetic += synthetic_of(res.integrity.get("synthetic"))
-    res.synthetic_total = synthetic_of((previous or {}).get("synthetic_total"))
+            res.synthetic += client.Synthetic.from_dict(res.integrity.get("synthetic"))
+    res.synthetic_total = client.Synthetic.from_dict((previous or {}).get("synthetic_total"))
     res.synthetic_total += res.synthetic
     return res
-
-
-def synthetic_of(d: Any) -> client.Synthetic:
-    """A client.Synthetic from its dict in last.json; zero for anything else (an older or damaged file: the
-    counters then start again, which Prometheus's rate() reads as a counter reset)."""
-    if not isinstance(d, dict):
-        return client.Synthetic()
-    try:
-        return client.Synthetic(
-            *(max(0, int(d.get(k) or 0)) for k in ("requests", "prompt_tokens", "generation_tokens"))
-        )
-    except (TypeError, ValueError):
-        return client.Synthetic()
 
 
 def prometheus_text(res: ProbeResult) -> str:
